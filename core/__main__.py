@@ -1,0 +1,106 @@
+"""HeadLab's command line: `python -m core <command> ...`.
+
+Each command lives in the module that owns its computation, as a pair
+`add_<name>_arguments(parser)` / `cli_<name>(args) -> dict`. This file only wires them up, writes
+`--json PATH` when asked, and turns a HeadLabError into one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+
+from core.errors import HeadLabError
+
+# command name -> (module, function suffix, one-line help)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "models": ("core.models", "models", "list zoo models and their checkpoints"),
+    "train": ("core.train", "train", "train one model from flags, with checkpoints"),
+    "zoo": ("core.train", "zoo", "train the model zoo (quick or paper preset); no-op when trained"),
+    "probe": ("core.store", "probe", "run the instrumented pass and fill the cache"),
+    "screen": ("core.recipe", "screen", "Steps 1-2: PR trajectories, PR-integral, pattern screen"),
+    "ablate": ("core.recipe", "ablate", "group ablation with matched-random controls"),
+    "recipe": ("core.recipe", "recipe", "the full three-step recipe with its verdict"),
+}
+
+# bench target -> (module, function suffix)
+BENCHES: dict[str, tuple[str, str, str]] = {
+    "probe": ("core.probe", "bench_probe", "instrumented pass vs bare forward vs three passes"),
+    "ablation": ("core.ablation", "bench_ablation", "ablation engine vs naive per-condition loop"),
+    "ising": ("core.ising", "bench_ising", "joint pseudolikelihood fit vs per-spin scikit-learn"),
+}
+
+
+def _add_json_flag(parser: argparse.ArgumentParser) -> None:
+    if not any("--json" in action.option_strings for action in parser._actions):
+        parser.add_argument("--json", type=Path, default=None, help="also write the result as JSON here")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m core", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, (module_name, suffix, help_text) in COMMANDS.items():
+        cmd = sub.add_parser(name, help=help_text, description=help_text)
+        module = _import(module_name)
+        if module is not None:
+            getattr(module, f"add_{suffix}_arguments")(cmd)
+            cmd.set_defaults(run=getattr(module, f"cli_{suffix}"))
+        else:
+            cmd.set_defaults(run=_unavailable(name))
+        _add_json_flag(cmd)
+    bench = sub.add_parser("bench", help="benchmarks that print ratios against a baseline run in the same process")
+    bench_sub = bench.add_subparsers(dest="bench", metavar="TARGET")
+    bench_sub.required = True
+    for name, (module_name, suffix, help_text) in BENCHES.items():
+        cmd = bench_sub.add_parser(name, help=help_text, description=help_text)
+        module = _import(module_name)
+        if module is not None:
+            getattr(module, f"add_{suffix}_arguments")(cmd)
+            cmd.set_defaults(run=getattr(module, f"cli_{suffix}"))
+        else:
+            cmd.set_defaults(run=_unavailable(f"bench {name}"))
+        _add_json_flag(cmd)
+    return parser
+
+
+def _import(module_name: str):
+    """Import a command's module; a module not written yet leaves its command unavailable."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:
+            return None
+        raise
+
+
+def _unavailable(name: str):
+    def run(args: argparse.Namespace) -> dict:
+        raise HeadLabError(f"'{name}' is not available in this version of HeadLab.")
+
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        result = args.run(args)
+        if args.json is not None and result is not None:
+            from core.workspace import atomic_write_json
+
+            atomic_write_json(args.json, result)
+            print(f"wrote {args.json}")
+    except HeadLabError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; finished work is kept and a rerun resumes from it.", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

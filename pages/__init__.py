@@ -1,0 +1,1 @@
+"""Streamlit pages: thin views that read the workspace state, call core, and draw figures."""
