@@ -1,0 +1,13 @@
+"""Byte-level vocabulary shared by the zoo's text and induction models.
+
+Tokens 0..255 are raw bytes; four specials sit above them so no byte can be mistaken for one.
+"""
+
+N_BYTES = 256
+BOS = 256  # beginning of sequence (first token of every text window)
+PAD = 257  # padding, never trained on
+EOS = 258  # end of sequence
+SEP = 259  # separator between segments
+BYTE_VOCAB_SIZE = 260
+
+SPECIAL_TOKENS = {"BOS": BOS, "PAD": PAD, "EOS": EOS, "SEP": SEP}
