@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
 from pathlib import Path
 
@@ -45,26 +44,27 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for name, (module_name, suffix, help_text) in COMMANDS.items():
         cmd = sub.add_parser(name, help=help_text, description=help_text)
-        module = _import(module_name)
-        if module is not None:
-            getattr(module, f"add_{suffix}_arguments")(cmd)
-            cmd.set_defaults(run=getattr(module, f"cli_{suffix}"))
-        else:
-            cmd.set_defaults(run=_unavailable(name))
-        _add_json_flag(cmd)
+        _wire(cmd, module_name, suffix, name)
     bench = sub.add_parser("bench", help="benchmarks that print ratios against a baseline run in the same process")
     bench_sub = bench.add_subparsers(dest="bench", metavar="TARGET")
     bench_sub.required = True
     for name, (module_name, suffix, help_text) in BENCHES.items():
         cmd = bench_sub.add_parser(name, help=help_text, description=help_text)
-        module = _import(module_name)
-        if module is not None:
-            getattr(module, f"add_{suffix}_arguments")(cmd)
-            cmd.set_defaults(run=getattr(module, f"cli_{suffix}"))
-        else:
-            cmd.set_defaults(run=_unavailable(f"bench {name}"))
-        _add_json_flag(cmd)
+        _wire(cmd, module_name, suffix, f"bench {name}")
     return parser
+
+
+def _wire(cmd: argparse.ArgumentParser, module_name: str, suffix: str, name: str) -> None:
+    """Give `cmd` its module's arguments and runner, or mark it unavailable."""
+    module = _import(module_name)
+    add = getattr(module, f"add_{suffix}_arguments", None)
+    run = getattr(module, f"cli_{suffix}", None)
+    if add is not None and run is not None:
+        add(cmd)
+        cmd.set_defaults(run=run)
+    else:
+        cmd.set_defaults(run=_unavailable(name))
+    _add_json_flag(cmd)
 
 
 def _import(module_name: str):
