@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "screen": ("core.recipe", "screen", "Steps 1-2: PR trajectories, PR-integral, pattern screen"),
     "ablate": ("core.recipe", "ablate", "group ablation with matched-random controls"),
     "recipe": ("core.recipe", "recipe", "the full three-step recipe with its verdict"),
+    "attribution": ("core.attribution", "attribution", "gradient attribution vs causal importance [HHG]"),
 }
 
 # bench target -> (module, function suffix)
