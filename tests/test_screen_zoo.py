@@ -1,0 +1,126 @@
+"""Steps 1-2 on the quick zoo's induction model, cross-checked against independent head scores.
+
+The independent scores use TransformerLens's own head-detector detection patterns
+(`get_previous_token_head_detection_pattern` etc., applied to token sequences directly, since
+`detect_head` needs a tokenizer) and Olsson et al.'s prefix-matching score, both computed here from
+full attention patterns on repeated random tokens: data and code paths the screen never uses.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import spearmanr
+from transformer_lens.head_detector import (compute_head_attention_similarity_score,
+                                            get_duplicate_token_head_detection_pattern,
+                                            get_induction_head_detection_pattern,
+                                            get_previous_token_head_detection_pattern)
+
+from core.models import ModelRef, load_model
+from core.recipe import probe_spec, screen
+from core.tasks import BOS
+
+pytestmark = pytest.mark.zoo
+
+MODEL = "induction-neox"
+
+
+@pytest.fixture(scope="module")
+def report(quick_zoo):
+    return screen(ModelRef.parse(MODEL), probe_spec("induction"), n_null_draws=200)
+
+
+@pytest.fixture(scope="module")
+def repeated_patterns(quick_zoo):
+    """Full attention patterns [example, layer, head, q, k] on BOS + 20 random bytes repeated twice."""
+    model = load_model(ModelRef.parse(MODEL))
+    gen = torch.Generator().manual_seed(7)
+    half = torch.randint(0, 256, (48, 20), generator=gen)
+    tokens = torch.cat([torch.full((48, 1), BOS), half, half], dim=1)
+    n_layers = model.cfg.n_layers
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=lambda name: name.endswith("hook_pattern"))
+    patterns = torch.stack([cache[f"blocks.{l}.attn.hook_pattern"] for l in range(n_layers)], dim=1)
+    return tokens, patterns
+
+
+def prefix_matching(tokens, patterns) -> np.ndarray:
+    """Olsson et al.: mean attention from each second-copy token to the token after its first copy."""
+    half = (tokens.shape[1] - 1) // 2
+    queries = torch.arange(half + 1, 2 * half + 1)
+    keys = queries - half + 1
+    scores = patterns[:, :, :, queries, keys]  # [example, layer, head, position]
+    return scores[..., :-1].mean(dim=(0, -1)).numpy()
+
+
+def detector_scores(tokens, patterns, make_detection) -> np.ndarray:
+    """TransformerLens head-detector 'mul' scores [layer, head], averaged over sequences."""
+    n_examples, n_layers, n_heads = patterns.shape[:3]
+    out = np.zeros((n_layers, n_heads))
+    for example in range(n_examples):
+        detection = make_detection(tokens[example])
+        for layer in range(n_layers):
+            for head in range(n_heads):
+                out[layer, head] += compute_head_attention_similarity_score(
+                    patterns[example, layer, head], detection,
+                    exclude_bos=False, exclude_current_token=False, error_measure="mul")
+    return out / n_examples
+
+
+def top3(scores: np.ndarray) -> set:
+    order = np.argsort(-scores, axis=None)[:3]
+    return {tuple(int(i) for i in np.unravel_index(o, scores.shape)) for o in order}
+
+
+def test_candidate_circuit_is_the_top_prefix_matching_heads(report, repeated_patterns):
+    circuit = set(report.candidate_circuit)
+    assert circuit, "no head reached 50x induction selectivity"
+    pm = prefix_matching(*repeated_patterns)
+    best_outside = max(pm[h] for h in np.ndindex(pm.shape) if h not in circuit)
+    assert min(pm[h] for h in circuit) > best_outside
+
+
+def test_previous_token_heads_sit_below_the_induction_heads(report):
+    prev_heads = report.heads_of_class("previous-token")
+    assert len(prev_heads) > 0, "no previous-token head found"
+    first_prev_layer = min(prev_heads.layers)
+    assert all(layer > first_prev_layer for layer, _ in report.candidate_circuit)
+
+
+def test_specialized_fraction_reported_with_its_null_floor(report):
+    fractions = report.final.fractions()
+    assert 0.0 < fractions["specialized_fraction_above_null_p99"] < 1.0
+    assert report.final.noise_floor >= 2.0
+
+
+@pytest.mark.parametrize("pattern, make_detection", [
+    ("previous-token", get_previous_token_head_detection_pattern),
+    ("duplicate-token", get_duplicate_token_head_detection_pattern),
+    ("induction", get_induction_head_detection_pattern),
+])
+def test_agrees_with_transformer_lens_head_detector(report, repeated_patterns, pattern, make_detection):
+    ours = report.final.selectivity[report.final.patterns.index(pattern)]
+    theirs = detector_scores(*repeated_patterns, make_detection)
+    assert len(top3(ours) & top3(theirs)) >= 2
+    above_floor = report.final.induction_selectivity > report.final.noise_floor
+    if pattern == "induction" and above_floor.sum() >= 4:
+        rho = spearmanr(ours[above_floor], theirs[above_floor]).statistic
+        assert rho >= 0.8
+
+
+def test_screen_cli_writes_json_and_second_probe_is_cached(quick_zoo, tmp_path):
+    out = tmp_path / "screen.json"
+    done = subprocess.run([sys.executable, "-m", "core", "screen", MODEL, "--task", "induction", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(out.read_text())
+    assert data["candidate_circuit"] and len(data["spectral"]["pr"]) == len(data["checkpoints"])
+    probe = subprocess.run([sys.executable, "-m", "core", "probe", MODEL, "--all-checkpoints"],
+                           capture_output=True, text=True, timeout=600)
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.count("cached") == len(data["checkpoints"])
