@@ -71,8 +71,10 @@ def screen_checkpoint(stats: HeadStats, baseline: str = "random", class_threshol
         )
     targets = {name: stats.pattern(name) for name in stats.patterns}
     sel, names = selectivity(targets, stats.attn_baseline, baseline, stats.query_pos)
+    member_sel, _ = selectivity(targets, stats.attn_baseline, "uniform", stats.query_pos, ("induction",))
     return ScreenResult(patterns=names, selectivity=sel, baseline=baseline, n_examples=stats.n_examples,
-                        threshold=class_threshold, induction_threshold=induction_threshold)
+                        threshold=class_threshold, induction_threshold=induction_threshold,
+                        membership_selectivity=member_sel[0])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -399,6 +399,10 @@ class ScreenResult:
     baseline_n: int = DEFAULT_BASELINE_N
     baseline_seed: int = DEFAULT_BASELINE_SEED
     unspecialized_label: str = "unspecialized"
+    # induction-circuit membership is judged against its own baseline: the reference calibration
+    # states the 50x threshold against the uniform baseline 1/(q+1) (METHODS.md Step 2)
+    membership_baseline: str = "uniform"
+    membership_selectivity: np.ndarray | None = None
 
     @classmethod
     def from_attention(
@@ -415,10 +419,12 @@ class ScreenResult:
         null_per_head: bool = False,
         baseline_n: int = DEFAULT_BASELINE_N,
         baseline_seed: int = DEFAULT_BASELINE_SEED,
+        membership_baseline: str = "uniform",
     ) -> "ScreenResult":
         """Everything from full attention rows attn_row [example, layer, head, key]; n_null_draws=0 skips the null."""
         summ = gather_pattern_attention(attn_row, query_pos, induction_pos, duplicate_pos, baseline_n, baseline_seed)
         sel, names = selectivity(summ.targets, summ.baseline, baseline, summ.query_pos)
+        member_sel, _ = selectivity(summ.targets, summ.baseline, membership_baseline, summ.query_pos, ("induction",))
         null = None
         if n_null_draws > 0:
             null = null_induction_selectivity(
@@ -429,6 +435,7 @@ class ScreenResult:
             patterns=names, selectivity=sel, baseline=baseline, n_examples=int(summ.query_pos.shape[0]),
             threshold=threshold, induction_threshold=induction_threshold, null=null,
             null_per_head=null_per_head, null_seed=null_seed, baseline_n=baseline_n, baseline_seed=baseline_seed,
+            membership_baseline=membership_baseline, membership_selectivity=member_sel[0],
         )
 
     @property
@@ -442,8 +449,14 @@ class ScreenResult:
         return classify(self.selectivity, self.patterns, self.threshold, self.unspecialized_label)
 
     @property
+    def membership(self) -> np.ndarray:
+        """[layer, head] induction selectivity against the membership baseline (the screen's own if unset)."""
+        return self.induction_selectivity if self.membership_selectivity is None else self.membership_selectivity
+
+    @property
     def induction_heads(self) -> HeadSet:
-        return induction_members(self.induction_selectivity, self.induction_threshold)
+        """Induction-circuit members: membership selectivity >= induction_threshold."""
+        return induction_members(self.membership, self.induction_threshold)
 
     @property
     def null_p99(self) -> float | np.ndarray | None:
@@ -488,6 +501,8 @@ class ScreenResult:
             "baseline_n": self.baseline_n,
             "baseline_seed": self.baseline_seed,
             "unspecialized_label": self.unspecialized_label,
+            "membership_baseline": self.membership_baseline,
+            "membership_selectivity": grid(self.membership_selectivity),
             # derived, for readers of the file; from_json recomputes them
             "classes": self.classes.tolist(),
             "class_counts": class_counts(self.classes),
@@ -514,4 +529,7 @@ class ScreenResult:
             baseline_n=int(data.get("baseline_n", DEFAULT_BASELINE_N)),
             baseline_seed=int(data.get("baseline_seed", DEFAULT_BASELINE_SEED)),
             unspecialized_label=str(data.get("unspecialized_label", "unspecialized")),
+            membership_baseline=str(data.get("membership_baseline", data["baseline"])),
+            membership_selectivity=None if data.get("membership_selectivity") is None
+            else np.asarray(data["membership_selectivity"], dtype=np.float64),
         )

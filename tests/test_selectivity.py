@@ -275,3 +275,21 @@ def test_olmo_null_floor_and_specialized_fraction():
     assert len(induction_members(real, 50.0)) == summary["K_above_50x_T_precision"]
     assert len(induction_members(real, 100.0)) == summary["K_above_100x"]
     assert specialized_fraction(real, 2.0) * 256 == pytest.approx(summary["K_above_2x_T_recall"])
+
+
+def test_membership_is_judged_against_the_uniform_baseline():
+    """A head putting 0.8 of its attention on p+1 at q = 63 is 0.8 * 64 = 51.2x uniform: a member."""
+    n, T = 40, 64
+    q = np.full(n, T - 1)
+    p = np.arange(n) % 10 + 20
+    rows = np.full((n, 1, 2, T), 0.2 / (T - 1))
+    rows[np.arange(n), 0, 0, p + 1] = 0.8
+    rows[np.arange(n), 0, 1, p + 1] = 0.7  # 44.8x uniform: not a member
+    for head in range(2):
+        rows[:, 0, head] /= rows[:, 0, head].sum(axis=-1, keepdims=True)
+    result = ScreenResult.from_attention(rows, q, p + 1, p, n_null_draws=0)
+    assert result.membership_baseline == "uniform"
+    np.testing.assert_allclose(result.membership[0], rows[:, 0, :, :][np.arange(n), :, p + 1].mean(0) * T)
+    assert result.induction_heads.heads == ((0, 0),)
+    again = ScreenResult.from_json(result.to_json())
+    assert again.induction_heads == result.induction_heads
