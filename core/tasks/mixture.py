@@ -48,9 +48,12 @@ def schedule(step: int, repeat_warmup_steps: int, kind: str = "mixture") -> str:
     return "repeat" if step < repeat_warmup_steps else kind
 
 
-def training_batch(kind: str, step: int, batch_size: int, seq_len: int, seed: int) -> torch.Tensor:
+def training_batch(
+    kind: str, step: int, batch_size: int, seq_len: int, seed: int, repeat_fraction: float = 0.5
+) -> torch.Tensor:
     """One training batch of byte tokens, every row starting with BOS; deterministic in (seed, step).
 
+    `repeat_fraction`: for "mixture" and "shifted", the chance that a row is a repeat sequence.
     Returns tokens: LongTensor [batch, seq_len].
     """
     if kind not in KINDS:
@@ -68,7 +71,7 @@ def training_batch(kind: str, step: int, batch_size: int, seq_len: int, seed: in
             rows.append(_text_row(gen, seq_len, _code_corpus("train")))
         else:
             # One coin per row, drawn before the row, so the row kinds are part of the pure function.
-            use_text = bool(torch.rand((), generator=gen) < 0.5)
+            use_text = bool(torch.rand((), generator=gen) >= repeat_fraction)
             if not use_text:
                 rows.append(_repeat_row(gen, seq_len))
             elif kind == "mixture":
