@@ -1,6 +1,7 @@
 """HeadLab: find attention-head circuits across training and test them causally.
 
-Run with `make app` (http://127.0.0.1:8501). Pages are thin views over `core/`.
+Run with `make app` (http://127.0.0.1:8501). Pages are thin views over `core/`; the workspace
+sidebar (pages/_shared.py) keeps the model, checkpoint and probe across pages and in the URL.
 """
 
 import streamlit as st
@@ -9,6 +10,10 @@ st.set_page_config(page_title="HeadLab", page_icon=":material/hub:", layout="wid
 
 PAGES = [
     st.Page("pages/zoo.py", title="Models & training", icon=":material/model_training:", default=True),
+    st.Page("pages/spectral.py", title="Spectral signal", icon=":material/show_chart:", url_path="spectral"),
+    st.Page("pages/screen.py", title="Pattern screen", icon=":material/grid_on:", url_path="screen"),
+    st.Page("pages/ablation.py", title="Ablation lab", icon=":material/science:", url_path="ablation"),
+    st.Page("pages/inspector.py", title="Head inspector", icon=":material/search:", url_path="inspector"),
 ]
 
 st.navigation(PAGES).run()

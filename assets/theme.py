@@ -8,6 +8,28 @@ LAYER_COLORS = [
     "#999999", "#882255", "#44AA99", "#117733", "#332288", "#AA4499", "#88CCEE", "#DDCC77",
 ]
 
+# One colour per head class of the pattern screen (same order as core.selectivity.PATTERNS).
+CLASS_COLORS = {
+    "induction": "#D55E00",
+    "duplicate-token": "#CC79A7",
+    "previous-token": "#0072B2",
+    "self": "#009E73",
+    "first-token": "#E69F00",
+    "local": "#56B4E9",
+    "unspecialized": "#E8E8E8",
+}
+CLASS_SHORT = {
+    "induction": "ind", "duplicate-token": "dup", "previous-token": "prev", "self": "self",
+    "first-token": "first", "local": "local", "unspecialized": "",
+}
+
+# Sequential scale for log selectivity, readable in greyscale print.
+SELECTIVITY_SCALE = "Viridis"
+CANDIDATE_COLOR = "#D55E00"
+CONTROL_COLOR = "#7F7F7F"
+UPPER_BOUND_COLOR = "#000000"
+FADED = "rgba(150,150,150,0.35)"
+
 SCREEN = go.layout.Template(
     layout=dict(
         font=dict(family="Inter, Helvetica, Arial, sans-serif", size=13),

@@ -1,0 +1,206 @@
+"""Ablation lab (Step 3): pick heads on the grid, ablate them against matched-random controls and the upper bound."""
+
+import time
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from core.ablation import DAMAGE_SIGN, METRICS, AblationCancelled, ablation_study, count_matched_sets
+from core.errors import HeadLabError
+from core.figures import ablation_strip, head_grid, heads_from_points, per_example_damage, token_label
+from core.heads import HeadSet, head_name, parse_heads
+from core.spectral import resolve_k, top_k
+from pages._shared import (INSPECTOR, ablation_store, cached_batch, cached_model, checkpoint_screen, guarded, require_workspace,
+                           screen_report, show_figure)
+
+GRID_KEY = "ablation_grid"
+VERDICT_TITLES = {"recipe": "Recipe verdict [SPC]", "closure_paper": "Closure verdict, paper rule [CVC]",
+                  "closure_reference": "Closure verdict, reference rule [CVC]"}
+
+
+def _cancel() -> None:
+    st.session_state["_ablation_cancelled"] = True
+
+
+def _set_heads(heads, empty_message: str) -> None:
+    if len(heads):
+        st.session_state["heads_text"] = str(HeadSet(tuple(heads)))
+    else:
+        st.session_state["_preset_message"] = empty_message
+
+
+st.title("Ablation lab")
+ws = require_workspace()
+here = guarded(lambda: checkpoint_screen(ws))
+batch = cached_batch(ws.spec_json)
+sel_induction = here.induction_selectivity  # [layer, head]
+n_layers, n_heads = sel_induction.shape
+classes = here.classes  # [layer, head]
+# the text box's own state is dropped on other pages: keep a copy, re-bound to the key every run
+st.session_state["heads_text"] = st.session_state.get("heads_text", st.session_state.get("ablation_heads", ""))
+
+if st.session_state.pop("_ablation_cancelled", False):
+    st.warning("The ablation run was cancelled; nothing was stored. Press Run ablation to start it again.")
+
+# A new click, box or lasso selection on the grid replaces the typed heads (read before the text box is drawn).
+grid_state = st.session_state.get(GRID_KEY)
+try:
+    points = grid_state["selection"]["points"] if grid_state else []
+    picked = heads_from_points(points)
+except (KeyError, TypeError, HeadLabError):
+    picked = []
+if picked and picked != st.session_state.get("_grid_last"):
+    st.session_state["heads_text"] = ",".join(head_name(h) for h in picked)
+st.session_state["_grid_last"] = picked or None
+
+grid_box = st.container()  # drawn last (it outlines the heads parsed below), shown first
+preset_col, control_col = st.columns([2, 3], gap="large")
+with preset_col:
+    st.markdown("**Presets**")
+    p1, p2 = st.columns(2)
+    if p1.button(f"Induction circuit (≥ {here.induction_threshold:g}x)", key="preset_circuit",
+                 help="The screened induction circuit: heads at or above the membership threshold at this checkpoint."):
+        _set_heads(here.induction_heads, f"No head reaches {here.induction_threshold:g}x induction selectivity at "
+                                         f"{ws.revision}; try a later checkpoint or another preset.")
+    if p2.button("Previous-token heads", key="preset_prev"):
+        _set_heads(HeadSet.from_mask(classes == "previous-token"),
+                   f"No head is classed previous-token (≥ {here.threshold:g}x) at {ws.revision}.")
+    p3, p4 = st.columns([2, 1])
+    k = int(p4.number_input("K", 1, n_layers * n_heads, resolve_k(0.18, n_layers * n_heads), key="preset_k"))
+    if p3.button("Top-K spectral heads", key="preset_topk", help="The K heads with the largest PR-integral (Step 1)."):
+        report = guarded(lambda: screen_report(ws), stop=False)
+        if report is not None:
+            _set_heads(top_k(report.spectral.integral, k), "The spectral ranking is empty.")
+    message = st.session_state.pop("_preset_message", None)
+    if message:
+        st.info(message)
+with control_col:
+    text = st.text_input("Heads to ablate", key="heads_text", placeholder="e.g. L1H0, L1H3 or L1H*",
+                         help='Heads as "L{layer}H{head}", counted from 0; "L1H*" is every head of layer 1.')
+    st.session_state["ablation_heads"] = text
+    selection = None
+    if text.strip():
+        try:
+            selection = parse_heads(text, n_layers, n_heads)
+        except HeadLabError as exc:
+            st.error(str(exc))
+    c1, c2 = st.columns(2)
+    n_controls = int(c1.number_input("Random draws N", 1, 1000, 20, key="n_controls"))
+    seed = int(c2.number_input("Control seed", 0, 2**31 - 1, 123, key="control_seed"))
+    control_kind = c1.radio("Controls", ["matched", "any-layer"], horizontal=True, key="control_kind",
+                            help="matched: the same number of heads in each of the same layers; any-layer: same size anywhere.")
+    mode = c2.radio("Ablation", ["zero", "mean"], horizontal=True, key="ablation_mode")
+    if selection is not None:
+        if control_kind == "matched":
+            if all(k_l * 2 <= n_heads for k_l in selection.count_per_layer().values()):
+                st.caption(f"{len(selection)} heads selected; {count_matched_sets(selection, n_heads):,} distinct "
+                           f"matched sets exist; plus the upper bound (every head in layers "
+                           f"{', '.join(map(str, selection.layers))}).")
+            else:
+                st.caption(f"{len(selection)} heads selected, more than half of a layer: no disjoint matched "
+                           "control exists; choose any-layer controls.")
+        else:
+            st.caption(f"{len(selection)} heads selected; plus the upper bound.")
+    run = st.button("Run ablation", type="primary", disabled=selection is None, key="run_ablation")
+
+with grid_box:
+    chosen = selection.heads if selection is not None else ()
+    grid = head_grid(sel_induction, chosen, ws.model_name, ws.revision,
+                     "pick heads: click, box or lasso",
+                     classes=classes)
+    show_figure(grid, GRID_KEY, pickable=True, stretch=False)
+
+# ------------------------------------------------------------------ run
+history = st.session_state.setdefault("ablation_history", [])
+if run and selection is not None:
+    key = (ws.model_name, ws.revision, ws.spec_json, ws.stamp, str(selection), n_controls, control_kind, mode, seed)
+    store = ablation_store()
+    entry = store.get(key)
+    if entry is None:
+        cancel_slot = st.empty()
+        cancel_slot.button("Cancel run", key="cancel_ablation", on_click=_cancel, icon=":material/cancel:")
+        bar = st.progress(0.0, text="Loading the model...")
+        result = None
+        try:
+            model = cached_model(ws.model_name, ws.revision, ws.stamp)
+            start = time.perf_counter()
+            result = ablation_study(
+                model, batch, selection, n_controls=n_controls, controls=control_kind, mode=mode, seed=seed,
+                progress=lambda done, total: bar.progress(min(done / total, 1.0), text=f"condition passes: {done}/{total}"),
+                cancel=lambda: bool(st.session_state.get("_ablation_cancelled")),
+            )
+            seconds = time.perf_counter() - start
+        except AblationCancelled:
+            st.warning("The ablation run was cancelled; nothing was stored.")
+        except HeadLabError as exc:
+            st.error(str(exc))
+        bar.empty()
+        cancel_slot.empty()
+        if result is not None:
+            entry = {"result": result, "seconds": seconds, "model": ws.model_name, "revision": ws.revision,
+                     "probe": ws.spec_json}
+            store[key] = entry
+    if entry is not None:
+        number = len(history) + 1
+        label = (f"#{number} · {entry['result'].selection} · {len(entry['result'].controls)} {control_kind} · {mode} · "
+                 f"{ws.model_name}@{ws.revision}")
+        history.insert(0, {**entry, "label": label})
+
+# ------------------------------------------------------------------ results
+if not history:
+    st.info("Pick heads and press **Run ablation**: the group is knocked out together with N matched-random "
+            "groups and the upper bound, and the verdict names its rule.")
+    st.stop()
+
+labels = [h["label"] for h in history]
+shown = st.selectbox("Runs this session (latest first; results are cached)", range(len(history)),
+                     format_func=lambda i: labels[i])
+entry = history[shown]
+result = entry["result"]
+
+st.subheader("Verdict")
+for name, verdict in result.verdicts.items():
+    body = (f"**{VERDICT_TITLES.get(name, name)}: {verdict.label}**  \nrule — {verdict.rule}\n\n"
+            + "\n".join(f"- {reason}" for reason in verdict.reasons))
+    if verdict.label in ("causal", "pass"):
+        st.success(body, icon=":material/check_circle:")
+    elif verdict.label == "inconclusive":
+        st.warning(body, icon=":material/help:")
+    else:
+        st.info(body, icon=":material/cancel:")
+st.caption(f"{len(result.controls)} {result.control_sets.kind} controls + upper bound on {entry['model']} at "
+           f"{entry['revision']}; ran in {entry['seconds']:.1f} s.")
+
+table = []
+for metric in METRICS:
+    s = result.stats.get(metric)
+    if s is None:
+        continue
+    table.append({"metric": metric, "clean": s["clean"], "candidate Δ": s["candidate_delta"],
+                  "95% CI": f"[{s['candidate_ci'][0]:.3g}, {s['candidate_ci'][1]:.3g}]",
+                  "control mean Δ": s.get("control_mean"), "control std": s.get("control_std"), "z": s.get("z"),
+                  "rank": s.get("rank"), "p": s.get("p"), "upper bound Δ": s.get("upper_bound_delta")})
+st.dataframe(pd.DataFrame(table), hide_index=True, width="stretch")
+
+show_figure(ablation_strip(result, entry["model"], entry["revision"]), "ablation_strip")
+
+st.subheader("Per-example damage")
+metric = st.radio("Metric", [m for m in METRICS if m in result.stats], horizontal=True, key="damage_metric")
+show_figure(per_example_damage(result, entry["model"], entry["revision"], metric), "ablation_damage")
+run_batch = cached_batch(entry["probe"])
+damage = DAMAGE_SIGN[metric] * result.candidate.delta(result.clean, metric)  # [example], + = worse
+worst = np.argsort(-damage, kind="stable")[:8]
+st.dataframe(pd.DataFrame([{
+    "example": int(i), "damage": float(damage[i]), f"clean {metric}": float(result.clean.values(metric)[i]),
+    "query token": token_label(int(run_batch.tokens[i, int(run_batch.query_pos[i])])),
+    "target": token_label(int(run_batch.target[i])),
+} for i in worst]), hide_index=True, width="stretch")
+i1, i2 = st.columns([1, 3], vertical_alignment="bottom")
+target = i1.selectbox("Ablated head", [head_name(h) for h in result.selection], key="inspect_ablated")
+if i2.button("Open it in the head inspector", key="open_inspector", icon=":material/search:"):
+    st.session_state["head"] = target
+    st.switch_page(INSPECTOR)
+st.caption("The head inspector shows its attention on the examples this run hurt most.")
+for note in result.notes:
+    st.caption(f"Note: {note}")

@@ -1,0 +1,56 @@
+"""Pattern screen (Step 2): per-pattern selectivity heatmaps, the class map and the specialized fraction."""
+
+import streamlit as st
+
+from core.figures import (class_fractions_over_training, class_map, selectivity_animation, selectivity_heatmap,
+                          selectivity_strip)
+from core.selectivity import classify
+from pages._shared import bound, checkpoint_screen, guarded, offer_inspect, require_workspace, screen_report, show_figure, sync_url
+
+st.title("Pattern screen")
+ws = require_workspace()
+report = guarded(lambda: screen_report(ws))
+here = guarded(lambda: checkpoint_screen(ws))
+patterns = list(report.final.patterns)
+pattern = bound(st.radio, "Pattern", "pattern", patterns, horizontal=True)
+sync_url()
+
+index = ws.checkpoint_index
+ckpt = report.checkpoints[index]
+sel = report.selectivity_by_checkpoint[index]  # [pattern, layer, head]
+floor = here.noise_floor
+floor = float(floor) if floor is not None else None
+
+m1, m2, m3 = st.columns(3)
+fractions = here.fractions()
+spec_frac = fractions["specialized_fraction_above_null_p99"]
+m1.metric("specialized fraction (induction > null p99)", "—" if spec_frac is None else f"{spec_frac:.1%}")
+m2.metric(f"best pattern ≥ {here.threshold:g}x", f"{here.fraction_at_threshold:.1%}")
+m3.metric("null floor (induction)", "—" if floor is None else f"{floor:.3g}x")
+
+left, right = st.columns(2)
+with left:
+    heat = selectivity_heatmap(sel[patterns.index(pattern)], pattern, report.model, report.probe_spec, ckpt.revision,
+                               ckpt.tokens, here.threshold, here.induction_threshold, floor, here.baseline)
+    picked = show_figure(heat, "screen_heatmap", pickable=True)
+with right:
+    classes = classify(sel, patterns, here.threshold)
+    picked_classes = show_figure(class_map(classes, report.model, report.probe_spec, ckpt.revision, here.threshold),
+                                 "screen_classes", pickable=True)
+offer_inspect(picked or picked_classes, "screen")
+
+left, right = st.columns(2)
+with left:
+    show_figure(selectivity_strip(sel[patterns.index(pattern)], pattern, report.model, report.probe_spec, ckpt.revision,
+                                  here.threshold, here.induction_threshold, floor), "screen_strip")
+with right:
+    show_figure(class_fractions_over_training(report.selectivity_by_checkpoint, patterns,
+                                              [c.tokens for c in report.checkpoints],
+                                              [c.revision for c in report.checkpoints], report.model,
+                                              report.probe_spec, here.threshold, ckpt.tokens), "screen_fractions")
+
+if st.toggle("Animate over training", key="screen_animate",
+             help="A play button steps the heatmap through every checkpoint; the sidebar slider picks one."):
+    show_figure(selectivity_animation(report.selectivity_by_checkpoint, patterns, pattern,
+                                      [c.tokens for c in report.checkpoints], [c.revision for c in report.checkpoints],
+                                      report.model, report.probe_spec), "screen_animation")
