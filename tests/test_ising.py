@@ -12,6 +12,7 @@ import pytest
 from core.errors import HeadLabError
 from core.ising import (
     AriByK,
+    bench_ising,
     CandidateSelection,
     IsingFit,
     RouteNull,
@@ -445,3 +446,25 @@ def test_null_z_by_hand():
     assert null_z(3.0, [1.0, 2.0, 3.0]) == pytest.approx(1.0 / np.sqrt(2.0 / 3.0))
     assert null_z(1.0, [1.0, 1.0]) == 0.0
     assert null_z(2.0, [1.0, 1.0]) == pytest.approx(1e9)  # spread floored at 1e-9
+
+
+def test_lbfgs_and_sklearn_paths_reach_the_same_optimum(small_model):
+    _, _, spins = small_model
+    newton = fit_ising_pseudolikelihood(spins, method="newton")
+    lbfgs = fit_ising_pseudolikelihood(spins, method="lbfgs")
+    sk = fit_ising_pseudolikelihood(spins, method="sklearn", tol=1e-10, max_iter=10000)
+    for fit in (lbfgs, sk):
+        assert abs(fit.objective - newton.objective) / newton.objective <= 1e-6
+    assert sk.method == "sklearn" and lbfgs.method == "lbfgs"
+
+
+def test_bench_reports_its_figures_on_a_tiny_case():
+    import torch
+
+    before = torch.get_num_threads()
+    r = bench_ising(n_spins=16, n_samples=400, seed=1, repeats=1)
+    assert torch.get_num_threads() == before  # the bench restores the thread setting
+    for key in ("sklearn_s", "joint_s", "speedup", "rel_diff_J", "rel_diff_J_sklearn", "objective_gap_joint", "objective_gap_sklearn"):
+        assert np.isfinite(r[key])
+    assert r["rel_diff_J"] <= 1e-3 and abs(r["objective_gap_joint"]) <= 1e-6
+    assert r["speedup"] == pytest.approx(r["sklearn_s"] / r["joint_s"])
