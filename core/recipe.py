@@ -135,15 +135,35 @@ class ScreenReport:
         )
 
 
+REFERENCE_PROBE_LENGTH = 256
+
+
+def scaled_induction_threshold(batch: ProbeBatch, threshold_at_reference: float = INDUCTION_THRESHOLD) -> float:
+    """The membership threshold for this probe's length: the same share of attention on p+1.
+
+    Membership is judged against the uniform baseline 1/(q+1), so a head's selectivity is its
+    attention share times (q+1): 50x at the reference T = 256 means >= 19.5% of the attention on
+    p+1. A zoo probe of T = 64 caps selectivity at 64x, so the same share is 12.5x there.
+    """
+    mean_keys = float((batch.query_pos.double() + 1).mean())
+    return threshold_at_reference * mean_keys / REFERENCE_PROBE_LENGTH
+
+
 def screen(ref: ModelRef, spec: InductionProbeSpec | TextProbeSpec, k: int | float = 0.18,
            definition: str = DEFAULT_DEFINITION, rule: str = DEFAULT_RULE, baseline: str = "random",
-           class_threshold: float = CLASS_THRESHOLD, induction_threshold: float = INDUCTION_THRESHOLD,
+           class_threshold: float = CLASS_THRESHOLD, induction_threshold: Optional[float] = None,
            n_null_draws: int = 500, device: str = "cpu",
            progress: Optional[Callable[[int, int, str], None]] = None) -> ScreenReport:
-    """Steps 1-2 over every checkpoint of `ref`. progress(done, total, revision) after each one."""
+    """Steps 1-2 over every checkpoint of `ref`. progress(done, total, revision) after each one.
+
+    induction_threshold: None scales the reference 50x (at T = 256) to the probe length
+    (see scaled_induction_threshold); a number is used as given.
+    """
     checkpoints = tuple(list_checkpoints(ref))
     check_spec_fits_config(spec, load_config(ref, checkpoints[-1].revision))
     batch = build_probe(spec)
+    if induction_threshold is None:
+        induction_threshold = scaled_induction_threshold(batch)
     pr, sel_by_ckpt = [], []
     final_screen = None
     for index, ckpt in enumerate(checkpoints):
@@ -182,7 +202,9 @@ def add_screen_arguments(parser: argparse.ArgumentParser) -> None:
                         help="PR-integral rule (default trapezoid on log tokens)")
     parser.add_argument("--baseline", choices=("random", "uniform"), default="random")
     parser.add_argument("--class-threshold", type=float, default=CLASS_THRESHOLD)
-    parser.add_argument("--induction-threshold", type=float, default=INDUCTION_THRESHOLD)
+    parser.add_argument("--induction-threshold", type=float, default=None,
+                        help="membership threshold (uniform baseline); default 50x at T=256, scaled to the "
+                             "probe length (12.5x at T=64: the same 19.5%% attention share)")
 
 
 def _add_probe_flags(parser: argparse.ArgumentParser) -> None:
@@ -219,7 +241,7 @@ def cli_screen(args: argparse.Namespace) -> dict:
         bar.close()
     out = report.to_json()
     print(f"top-K spectral ({len(report.spectral.top_heads)}): {', '.join(out['top_k_spectral'])}")
-    print(f"candidate induction circuit (>= {args.induction_threshold:g}x): "
+    print(f"candidate induction circuit (>= {report.final.induction_threshold:.3g}x, uniform baseline): "
           f"{', '.join(out['candidate_circuit']) or 'none'}")
     print(f"previous-token heads: {', '.join(out['previous_token_heads']) or 'none'}")
     for name, value in out["fractions"].items():

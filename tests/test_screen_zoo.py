@@ -124,3 +124,19 @@ def test_screen_cli_writes_json_and_second_probe_is_cached(quick_zoo, tmp_path):
                            capture_output=True, text=True, timeout=600)
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.count("cached") == len(data["checkpoints"])
+
+
+def test_recipe_finds_a_causal_circuit_and_composition(quick_zoo):
+    """Issue 4 on the quick zoo: the screened circuit is causal against 20 matched draws, the upper
+    bound saturates, and ablating the previous-token heads also breaks induction."""
+    from core.recipe import run_recipe
+
+    out = run_recipe(ModelRef.parse(MODEL), probe_spec("induction"), n_controls=20)
+    assert out["verdict"]["label"] == "causal"
+    metrics = out["candidate"]["summary"]["metrics"]
+    assert metrics["loss"]["candidate_delta"] > max(out["candidate"]["result"]["stats"]["loss"]["control_deltas"])
+    assert metrics["top1"]["candidate_delta"] < min(out["candidate"]["result"]["stats"]["top1"]["control_deltas"])
+    assert metrics["top1"]["upper_bound_delta"] <= -0.9 * metrics["top1"]["clean"]
+    composition = out["composition"]["summary"]["metrics"]
+    assert composition["top1"]["candidate_delta"] < -0.5 * composition["top1"]["clean"]
+    assert composition["loss"]["z"] > 1.8

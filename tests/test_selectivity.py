@@ -293,3 +293,13 @@ def test_membership_is_judged_against_the_uniform_baseline():
     assert result.induction_heads.heads == ((0, 0),)
     again = ScreenResult.from_json(result.to_json())
     assert again.induction_heads == result.induction_heads
+
+
+def test_membership_threshold_scales_with_probe_length():
+    from core.recipe import scaled_induction_threshold
+    from core.tasks import InductionProbeSpec, make_induction_probe
+
+    reference = make_induction_probe(InductionProbeSpec(n_examples=4, seq_len=256, token_low=100, token_high=10000, seed=0))
+    zoo = make_induction_probe(InductionProbeSpec(n_examples=4, seq_len=64, token_low=0, token_high=256, seed=0))
+    assert scaled_induction_threshold(reference) == pytest.approx(50.0)
+    assert scaled_induction_threshold(zoo) == pytest.approx(12.5)
