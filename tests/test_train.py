@@ -222,7 +222,10 @@ def test_same_seed_same_weights_and_manifest(tmp_path):
 
 
 def test_resume_after_interruption_is_bit_identical(tmp_path):
-    full = train_model("full", TINY, TINY_TRAIN, tmp_path / "full")
+    # dense loss-drop checkpoints, so the smoothed-loss bookkeeping must also resume exactly
+    cfg = replace(TINY_TRAIN, loss_drop_checkpoint=0.002, min_checkpoint_gap=1)
+    full = train_model("full", TINY, cfg, tmp_path / "full")
+    assert len(full["checkpoints"]) > len(log_checkpoint_steps(cfg.steps, cfg.n_log_checkpoints))
 
     class Interrupt(Exception):
         pass
@@ -232,21 +235,25 @@ def test_resume_after_interruption_is_bit_identical(tmp_path):
             raise Interrupt
 
     with pytest.raises(Interrupt):
-        train_model("part", TINY, TINY_TRAIN, tmp_path / "part", progress=crash_at_13)
+        train_model("part", TINY, cfg, tmp_path / "part", progress=crash_at_13)
     assert not json.loads((tmp_path / "part" / "manifest.json").read_text())["complete"]
-    resumed = train_model("part", TINY, TINY_TRAIN, tmp_path / "part")
+    resumed = train_model("part", TINY, cfg, tmp_path / "part")
     assert resumed["complete"]
     assert [c["revision"] for c in resumed["checkpoints"]] == [c["revision"] for c in full["checkpoints"]]
     assert [c["loss"] for c in resumed["checkpoints"]] == [c["loss"] for c in full["checkpoints"]]
     assert resumed["curves"] == full["curves"]
+    state = lambda name: {k: v for k, v in json.loads((tmp_path / name / "state" / "state.json").read_text()).items()
+                          if k != "train_seconds"}
+    assert state("part") == state("full")  # smoothed loss and all bookkeeping included
     for entry in full["checkpoints"]:
         assert _same(_weights(tmp_path / "full" / "checkpoints" / entry["revision"]),
                      _weights(tmp_path / "part" / "checkpoints" / entry["revision"]))
 
     # a clean stop (stop_after_steps) resumes the same way
-    stopped = train_model("stop", TINY, TINY_TRAIN, tmp_path / "stop", stop_after_steps=7)
+    stopped = train_model("stop", TINY, cfg, tmp_path / "stop", stop_after_steps=7)
     assert not stopped["complete"]
-    again = train_model("stop", TINY, TINY_TRAIN, tmp_path / "stop")
+    again = train_model("stop", TINY, cfg, tmp_path / "stop")
+    assert again["checkpoints"] == full["checkpoints"] and again["curves"] == full["curves"]
     assert _same(_weights(_final_dir(tmp_path / "stop", again)), _weights(_final_dir(tmp_path / "full", full)))
 
     # a different config in the same folder is refused rather than mixed in
@@ -377,3 +384,73 @@ def test_command_line_train_and_zoo(tmp_path, monkeypatch):
     add_zoo_arguments(parser)
     records = cli_zoo(parser.parse_args(["--preset", "tiny", "--no-progress"]))
     assert [r["name"] for r in records] == ["tiny-b"] and records[0]["complete"]
+
+
+def test_head_group_norms_pick_each_heads_own_weights():
+    from core.train import build_model, head_group_norms
+
+    model = build_model(TINY, seed=0)
+    d = TINY.d_head  # 8
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        layer = model.gpt_neox.layers[1].attention
+        # head 2's query/key/value rows are rows 2*3d .. 3*3d of the fused projection
+        layer.query_key_value.weight[2 * 3 * d : 3 * 3 * d].fill_(1.0)
+        # head 3's W_O slice: columns 3d .. 4d of the output projection
+        layer.dense.weight[:, 3 * d : 4 * d].fill_(2.0)
+    norms = head_group_norms(model, TINY)
+    expected = torch.zeros(2, 4)
+    expected[1, 2] = math.sqrt(3 * d * TINY.d_model)
+    expected[1, 3] = math.sqrt(4.0 * d * TINY.d_model)
+    assert torch.allclose(norms, expected, atol=1e-5)
+    with pytest.raises(HeadLabError):
+        head_group_norms(model, replace(TINY, family="llama"))
+
+
+def test_fused_qkv_rows_are_head_major():
+    """Rows h*3d .. (h+1)*3d of GPT-NeoX's fused projection drive head h only (what head_group_norms assumes)."""
+    from core.train import build_model
+
+    model = build_model(TINY, seed=0).eval()
+    d = TINY.d_head
+    with torch.no_grad():
+        qkv = model.gpt_neox.layers[1].attention.query_key_value
+        qkv.weight.zero_()
+        qkv.bias.zero_()
+        qkv.weight[2 * 3 * d : 3 * 3 * d] = torch.randn(3 * d, TINY.d_model, generator=torch.Generator().manual_seed(0))
+        attn = model(torch.randint(0, 256, (1, 10)), output_attentions=True).attentions[1][0]  # [head, q, k]
+    uniform = torch.tril(torch.ones(10, 10)) / torch.arange(1, 11)[:, None]
+    for head in range(TINY.n_heads):
+        assert torch.allclose(attn[head], uniform, atol=1e-6) == (head != 2)
+
+
+def test_learning_rate_schedule():
+    from core.train import _lr_at
+
+    cfg = TrainConfig(steps=100, lr=1.0, warmup_steps=10, decay_fraction=0.5)
+    assert _lr_at(0, cfg) == pytest.approx(0.1) and _lr_at(9, cfg) == pytest.approx(1.0)
+    assert _lr_at(49, cfg) == pytest.approx(1.0) and _lr_at(50, cfg) == pytest.approx(1.0)
+    assert _lr_at(75, cfg) == pytest.approx(1.0 - 0.9 * 0.5)
+    assert _lr_at(99, cfg) == pytest.approx(1.0 - 0.9 * 49 / 50)
+    assert _lr_at(99, replace(cfg, decay_fraction=0.0)) == 1.0
+
+
+def test_hhg_shaped_checkpoint_boots_through_transformer_bridge(tmp_path):
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from core.tasks.sequences import END, SEP, START
+    from core.train import _HHG
+
+    train = TrainConfig(task="reverse", steps=2, batch_size=4, lr=1e-3, warmup_steps=0, weight_decay=0.0,
+                        repeat_warmup_steps=0, eval_every=2, eval_examples=2, final_examples=2, n_log_checkpoints=2)
+    manifest = train_model("hhg", _HHG, train, tmp_path / "hhg")
+    folder = _final_dir(tmp_path / "hhg", manifest)
+    hf = load_checkpoint_model(folder).eval()
+    assert hf.config.rope_parameters["partial_rotary_factor"] == 0.0 and not hf.config.use_parallel_residual
+    bridge = TransformerBridge.boot_transformers(str(folder), device="cpu")
+    assert (bridge.cfg.n_layers, bridge.cfg.n_heads, bridge.cfg.d_model) == (4, 4, 128)
+    tokens = torch.tensor([[START, 5, 17, 42, SEP, 42, 17, 5, END]])
+    with torch.no_grad():
+        assert torch.allclose(bridge(tokens), hf(tokens).logits, atol=1e-5)
+    assert bridge.tokenizer("5 17")["input_ids"] == [START, 5, 17]
