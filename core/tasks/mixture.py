@@ -9,7 +9,8 @@ induction form within the quick budget.
 "shifted" is the different distribution for the data-shift claim ([SPC]: continued training on
 another corpus). It keeps the repeat half unchanged and swaps the natural-text corpus: English
 prose (pydoc topics) becomes Python source code (a fixed list of standard-library modules of the
-running Python, read from disk), so the shift is in the corpus, as in the paper.
+running Python, read from disk), so the shift is in the corpus, as in the paper. "code" is that
+corpus alone (BOS + windows), like "text" for pydoc topics.
 
 Every batch is a pure function of (seed, step), so a resumed run sees exactly the batches an
 uninterrupted one would.
