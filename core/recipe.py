@@ -60,9 +60,28 @@ def head_stats(ref: ModelRef, checkpoint: Checkpoint, batch: ProbeBatch, model: 
     return cached_head_stats(ref, checkpoint.revision, dict(batch.spec), compute, on_status=on_status)
 
 
+REFERENCE_PROBE_LENGTH = 256
+
+
+def scaled_induction_threshold(query_pos, threshold_at_reference: float = INDUCTION_THRESHOLD) -> float:
+    """The membership threshold for this probe's length: the same share of attention on p+1.
+
+    Membership is judged against the uniform baseline 1/(q+1), so a head's selectivity is its
+    attention share times (q+1): 50x at the reference T = 256 means >= 19.5% of the attention on
+    p+1. A zoo probe of T = 64 caps selectivity at 64x, so the same share is 12.5x there.
+    """
+    mean_keys = float((query_pos.double() + 1).mean())  # query_pos: [example]
+    return threshold_at_reference * mean_keys / REFERENCE_PROBE_LENGTH
+
+
 def screen_checkpoint(stats: HeadStats, baseline: str = "random", class_threshold: float = CLASS_THRESHOLD,
-                      induction_threshold: float = INDUCTION_THRESHOLD, n_null_draws: int = 500) -> ScreenResult:
-    """Step 2 on one checkpoint's HeadStats (the null needs the stored attention rows)."""
+                      induction_threshold: Optional[float] = None, n_null_draws: int = 500) -> ScreenResult:
+    """Step 2 on one checkpoint's HeadStats (the null needs the stored attention rows).
+
+    induction_threshold: None scales the reference 50x to the probe length (scaled_induction_threshold).
+    """
+    if induction_threshold is None:
+        induction_threshold = scaled_induction_threshold(stats.query_pos)
     if stats.attn_query is not None:
         return ScreenResult.from_attention(
             stats.attn_query.float(), stats.query_pos, stats.induction_pos, stats.duplicate_pos,
@@ -135,20 +154,6 @@ class ScreenReport:
         )
 
 
-REFERENCE_PROBE_LENGTH = 256
-
-
-def scaled_induction_threshold(batch: ProbeBatch, threshold_at_reference: float = INDUCTION_THRESHOLD) -> float:
-    """The membership threshold for this probe's length: the same share of attention on p+1.
-
-    Membership is judged against the uniform baseline 1/(q+1), so a head's selectivity is its
-    attention share times (q+1): 50x at the reference T = 256 means >= 19.5% of the attention on
-    p+1. A zoo probe of T = 64 caps selectivity at 64x, so the same share is 12.5x there.
-    """
-    mean_keys = float((batch.query_pos.double() + 1).mean())
-    return threshold_at_reference * mean_keys / REFERENCE_PROBE_LENGTH
-
-
 def screen(ref: ModelRef, spec: InductionProbeSpec | TextProbeSpec, k: int | float = 0.18,
            definition: str = DEFAULT_DEFINITION, rule: str = DEFAULT_RULE, baseline: str = "random",
            class_threshold: float = CLASS_THRESHOLD, induction_threshold: Optional[float] = None,
@@ -163,7 +168,7 @@ def screen(ref: ModelRef, spec: InductionProbeSpec | TextProbeSpec, k: int | flo
     check_spec_fits_config(spec, load_config(ref, checkpoints[-1].revision))
     batch = build_probe(spec)
     if induction_threshold is None:
-        induction_threshold = scaled_induction_threshold(batch)
+        induction_threshold = scaled_induction_threshold(batch.query_pos)
     pr, sel_by_ckpt = [], []
     final_screen = None
     for index, ckpt in enumerate(checkpoints):

@@ -301,5 +301,5 @@ def test_membership_threshold_scales_with_probe_length():
 
     reference = make_induction_probe(InductionProbeSpec(n_examples=4, seq_len=256, token_low=100, token_high=10000, seed=0))
     zoo = make_induction_probe(InductionProbeSpec(n_examples=4, seq_len=64, token_low=0, token_high=256, seed=0))
-    assert scaled_induction_threshold(reference) == pytest.approx(50.0)
-    assert scaled_induction_threshold(zoo) == pytest.approx(12.5)
+    assert scaled_induction_threshold(reference.query_pos) == pytest.approx(50.0)
+    assert scaled_induction_threshold(zoo.query_pos) == pytest.approx(12.5)
