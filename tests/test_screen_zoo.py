@@ -105,6 +105,9 @@ def test_specialized_fraction_reported_with_its_null_floor(report):
 ])
 def test_agrees_with_transformer_lens_head_detector(report, repeated_patterns, pattern, make_detection):
     ours = report.final.selectivity[report.final.patterns.index(pattern)]
+    n_real = int((ours > report.final.noise_floor).sum())
+    if n_real < 3:
+        pytest.skip(f"only {n_real} {pattern} heads above the null floor: a top-3 would compare noise")
     theirs = detector_scores(*repeated_patterns, make_detection)
     assert len(top3(ours) & top3(theirs)) >= 2
     above_floor = report.final.induction_selectivity > report.final.noise_floor
