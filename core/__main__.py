@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "ablate": ("core.recipe", "ablate", "group ablation with matched-random controls"),
     "recipe": ("core.recipe", "recipe", "the full three-step recipe with its verdict"),
     "attribution": ("core.attribution", "attribution", "gradient attribution vs causal importance [HHG]"),
+    "export": ("core.export", "export", "paper figures headless: spectral, screen, ablation (PNG/SVG/PDF + CSV/JSON)"),
 }
 
 # bench target -> (module, function suffix)

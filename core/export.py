@@ -79,16 +79,19 @@ def cli_export(args: argparse.Namespace) -> dict:
     if "spectral" in wanted:
         for bundle in spectral_bundles(report):
             written += export_bundle(bundle, out_dir, f"{stem}-", formats)
+    here = None  # Step 2 at the chosen checkpoint: membership and null floor
+    if report is not None:
+        here = report.final if index == len(report.checkpoints) - 1 else _checkpoint_screen(ref, checkpoint, spec, args)
     if "screen" in wanted:
         patterns = args.pattern or list(report.final.patterns)
         unknown = [p for p in patterns if p not in report.final.patterns]
         if unknown:
             raise HeadLabError(f"unknown pattern(s) {', '.join(unknown)}; use some of {', '.join(report.final.patterns)}.")
-        for bundle in screen_bundles(report, index, patterns):
+        for bundle in screen_bundles(report, index, patterns, here):
             written += export_bundle(bundle, out_dir, f"{stem}-", formats)
     ablation = None
     if "ablation" in wanted:
-        ablation = _run_ablation(args, ref, checkpoint, report, spec)
+        ablation = _run_ablation(args, ref, checkpoint, report, here, spec)
         for bundle in ablation_bundles(ablation["result"], ref.name, checkpoint.revision):
             written += export_bundle(bundle, out_dir, f"{stem}-", formats)
     for path in written:
@@ -101,23 +104,28 @@ def cli_export(args: argparse.Namespace) -> dict:
     return out
 
 
-def _run_ablation(args: argparse.Namespace, ref, checkpoint, report, spec) -> dict:
+def _checkpoint_screen(ref, checkpoint, spec, args: argparse.Namespace):
+    """Step 2 at one (non-final) checkpoint, from the HeadStats cache the screen just filled."""
+    from core.recipe import build_probe, head_stats, screen_checkpoint
+
+    stats = head_stats(ref, checkpoint, build_probe(spec), device=args.device)
+    return screen_checkpoint(stats, n_null_draws=500 if args.task == "induction" else 0)
+
+
+def _run_ablation(args: argparse.Namespace, ref, checkpoint, report, here, spec) -> dict:
     """Group ablation of --heads (default: the screened circuit at the chosen checkpoint, else top-K)."""
     from core.ablation import ablation_study
     from core.models import load_model
     from core.recipe import build_probe
-    from core.selectivity import induction_members
 
     model = load_model(ref, checkpoint.revision, device=args.device)
     if args.heads:
         heads = parse_heads(args.heads, int(model.cfg.n_layers), int(model.cfg.n_heads))
     else:
-        index = [c.revision for c in report.checkpoints].index(checkpoint.revision)
-        sel = report.selectivity_by_checkpoint[index, list(report.final.patterns).index("induction")]
-        heads = induction_members(sel, report.final.induction_threshold)
+        heads = here.induction_heads
         if len(heads) == 0:
             heads = HeadSet(tuple(report.spectral.top_heads))
-            print(f"no head reaches {report.final.induction_threshold:g}x induction selectivity at "
+            print(f"no head reaches the membership threshold ({here.induction_threshold:.3g}x) at "
                   f"{checkpoint.revision}; ablating the top-K spectral heads instead.")
     batch = build_probe(spec)
     start = time.perf_counter()

@@ -423,19 +423,21 @@ def pr_integral_grid(spectral: Any, model: str, probe_spec: dict) -> FigureBundl
 
 def selectivity_heatmap(sel: np.ndarray, pattern: str, model: str, probe_spec: dict, revision: str,
                         tokens: float | None = None, class_threshold: float = 30.0,
-                        induction_threshold: float = 50.0, noise_floor: float | None = None,
-                        baseline: str = "random") -> FigureBundle:
+                        noise_floor: float | None = None, baseline: str = "random",
+                        membership: np.ndarray | None = None, induction_threshold: float | None = None,
+                        membership_baseline: str = "uniform") -> FigureBundle:
     """One pattern's selectivity [layer, head] on a log colour scale, thresholds and null floor marked.
 
-    Colour = log10 selectivity; ○ = at least the class threshold (30x); ★ = at least the induction
-    membership threshold (50x, induction only); × = at or below the null floor (induction only).
+    Colour = log10 selectivity; ○ = at least the class threshold (30x); ★ = an induction-circuit member
+    (induction only: `membership` [layer, head], the induction selectivity against the membership
+    baseline, at least `induction_threshold`); × = at or below the null floor (induction only).
     customdata of the heatmap holds the raw selectivity (what core returned).
     """
     sel = np.asarray(sel, dtype=np.float64)  # [layer, head]
     n_layers, n_heads = sel.shape
     z = _log10(sel)
     lo, hi = -1.0, 3.0  # the colour scale spans 0.1x .. 1000x; values beyond take the end colours
-    marks = [class_threshold, induction_threshold] + ([noise_floor] if noise_floor else [])
+    marks = [class_threshold] + ([noise_floor] if noise_floor else [])
     tickvals, ticktext = _log_ticks(lo, hi, marks)
     fig = go.Figure(go.Heatmap(
         z=z.tolist(), x=list(range(n_heads)), y=list(range(n_layers)), customdata=sel.tolist(),
@@ -443,15 +445,19 @@ def selectivity_heatmap(sel: np.ndarray, pattern: str, model: str, probe_spec: d
         colorbar=dict(title="selectivity", tickvals=tickvals, ticktext=ticktext),
     ))
     is_induction = pattern == "induction"
-    strong = np.argwhere(sel >= induction_threshold) if is_induction else np.zeros((0, 2), dtype=int)
-    medium = np.argwhere((sel >= class_threshold) & ~((sel >= induction_threshold) & is_induction))
+    member = np.zeros(sel.shape, dtype=bool)
+    if is_induction and membership is not None and induction_threshold is not None:
+        member = np.nan_to_num(np.asarray(membership, dtype=np.float64), nan=-np.inf) >= induction_threshold
+    medium = np.argwhere((sel >= class_threshold) & ~member)
+    strong = np.argwhere(member)
     if len(medium):
         fig.add_trace(go.Scatter(x=medium[:, 1].tolist(), y=medium[:, 0].tolist(), mode="markers",
                                  name=f"≥ {class_threshold:g}x (class)", hoverinfo="skip",
                                  marker=dict(symbol="circle-open", size=16, color="black", line=dict(width=2.5))))
     if len(strong):
         fig.add_trace(go.Scatter(x=strong[:, 1].tolist(), y=strong[:, 0].tolist(), mode="markers",
-                                 name=f"≥ {induction_threshold:g}x (induction member)", hoverinfo="skip",
+                                 name=f"induction member (≥ {induction_threshold:.3g}x vs {membership_baseline})",
+                                 hoverinfo="skip",
                                  marker=dict(symbol="star", size=16, color="black", line=dict(width=1, color="white"))))
     below = np.zeros((0, 2), dtype=int)
     if is_induction and noise_floor:
@@ -467,25 +473,31 @@ def selectivity_heatmap(sel: np.ndarray, pattern: str, model: str, probe_spec: d
     _legend_on_top(fig)
     _grid_axes(fig, n_layers, n_heads)
     floor_set = {tuple(x) for x in below.tolist()}
+    member_values = None if membership is None else np.asarray(membership, dtype=np.float64)
     rows = tuple({"revision": revision, "pattern": pattern, "layer": l, "head": h, "head_name": head_name((l, h)),
                   "selectivity": float(sel[l, h]), "at_least_class_threshold": bool(sel[l, h] >= class_threshold),
-                  "at_least_induction_threshold": bool(is_induction and sel[l, h] >= induction_threshold),
+                  "induction_member": bool(member[l, h]) if is_induction and member_values is not None else None,
+                  "membership_selectivity": float(member_values[l, h]) if is_induction and member_values is not None else None,
                   "at_or_below_null_floor": (l, h) in floor_set if is_induction and noise_floor else None}
                  for l in range(n_layers) for h in range(n_heads))
     floor_text = (f"null floor T = max(2, null p99) = {noise_floor:.3g}x (induction null)" if noise_floor
-                  else "null floor: computed for induction at the final checkpoint only")
+                  else "no null floor at this checkpoint")
+    member_text = (f"★ induction-circuit member: induction selectivity against the {membership_baseline} baseline "
+                   f"≥ {induction_threshold:.3g}x (50x at T = 256, scaled to this probe length)"
+                   if is_induction and induction_threshold is not None and membership is not None else "")
     caption = (f"selectivity = mean attention to the {pattern} target / mean attention to the {baseline} baseline; "
-               f"log colour; ○ ≥ {class_threshold:g}x, ★ ≥ {induction_threshold:g}x (induction); {floor_text}.")
+               f"log colour; ○ ≥ {class_threshold:g}x (class); " + (member_text + "; " if member_text else "")
+               + f"{floor_text}.")
     prov = provenance(figure="selectivity_heatmap", model=model, probe_spec=probe_spec, revision=revision,
                       tokens=tokens, pattern=pattern, baseline=baseline, class_threshold=class_threshold,
-                      induction_threshold=induction_threshold, noise_floor=noise_floor)
+                      induction_threshold=induction_threshold, membership_baseline=membership_baseline,
+                      noise_floor=noise_floor)
     return FigureBundle(f"screen-{pattern}-selectivity", fig, rows, prov, caption)
 
 
 def selectivity_strip(sel: np.ndarray, pattern: str, model: str, probe_spec: dict, revision: str,
-                      class_threshold: float = 30.0, induction_threshold: float = 50.0,
-                      noise_floor: float | None = None) -> FigureBundle:
-    """Every head's selectivity for one pattern by layer (log y), with the thresholds and null floor as lines."""
+                      class_threshold: float = 30.0, noise_floor: float | None = None) -> FigureBundle:
+    """Every head's selectivity for one pattern by layer (log y), with the class threshold and null floor as lines."""
     sel = np.asarray(sel, dtype=np.float64)
     n_layers, n_heads = sel.shape
     jitter = np.random.RandomState(0).uniform(-0.25, 0.25, size=sel.shape)  # fixed: same picture every time
@@ -497,10 +509,8 @@ def selectivity_strip(sel: np.ndarray, pattern: str, model: str, probe_spec: dic
             name=f"layer {layer}", marker=dict(color=LAYER_COLORS[layer % len(LAYER_COLORS)], size=8),
             customdata=names, hovertemplate="%{customdata}: %{y:.3g}x<extra></extra>"))
     lines = [(class_threshold, f"{class_threshold:g}x class", "dash")]
-    if pattern == "induction":
-        lines.append((induction_threshold, f"{induction_threshold:g}x induction member", "solid"))
-        if noise_floor:
-            lines.append((noise_floor, f"null floor {noise_floor:.3g}x", "dot"))
+    if pattern == "induction" and noise_floor:
+        lines.append((noise_floor, f"null floor {noise_floor:.3g}x", "dot"))
     for value, label, dash in lines:
         _hline_log(fig, value, label, dash, right=dash == "dot")
     fig.update_layout(template=SCREEN, title=f"{pattern} selectivity by layer at {revision}", height=360,
@@ -510,10 +520,9 @@ def selectivity_strip(sel: np.ndarray, pattern: str, model: str, probe_spec: dic
     rows = tuple({"revision": revision, "pattern": pattern, "layer": l, "head": h, "selectivity": float(sel[l, h])}
                  for l in range(n_layers) for h in range(n_heads))
     prov = provenance(figure="selectivity_strip", model=model, probe_spec=probe_spec, revision=revision,
-                      pattern=pattern, class_threshold=class_threshold, induction_threshold=induction_threshold,
-                      noise_floor=noise_floor)
+                      pattern=pattern, class_threshold=class_threshold, noise_floor=noise_floor)
     return FigureBundle(f"screen-{pattern}-strip", fig, rows, prov,
-                        "lines: the class threshold, the induction membership threshold and the null floor.")
+                        "lines: the class threshold and (induction) the null floor.")
 
 
 def class_map(classes: np.ndarray, model: str, probe_spec: dict, revision: str,
@@ -861,23 +870,34 @@ def attention_pattern(pattern: np.ndarray, tokens: Sequence[int], query_pos: int
 
 
 def head_scores(sel_head: Sequence[float], patterns: Sequence[str], head: Head, model: str, revision: str,
-                class_threshold: float = 30.0, induction_threshold: float = 50.0,
-                noise_floor: float | None = None) -> FigureBundle:
-    """One head's selectivity for every pattern (log y), with the thresholds."""
+                class_threshold: float = 30.0, noise_floor: float | None = None, membership: float | None = None,
+                induction_threshold: float | None = None, membership_baseline: str = "uniform") -> FigureBundle:
+    """One head's selectivity for every pattern (log y), the class threshold and the null floor.
+
+    Induction-circuit membership is judged on another baseline, so it is stated in the title, not drawn.
+    """
     values = np.asarray(sel_head, dtype=np.float64)
     fig = go.Figure(go.Bar(x=list(patterns), y=np.maximum(values, SELECTIVITY_FLOOR).tolist(),
                            marker_color=[CLASS_COLORS.get(p, "#888") for p in patterns],
                            hovertemplate="%{x}: %{y:.3g}x<extra></extra>", name="selectivity"))
     _hline_log(fig, class_threshold, f"{class_threshold:g}x class", "dash")
-    _hline_log(fig, induction_threshold, f"{induction_threshold:g}x induction member", right=True)
     if noise_floor:
-        _hline_log(fig, noise_floor, f"null floor {noise_floor:.3g}x", "dot", right=True)
-    fig.update_layout(template=SCREEN, height=320, title=f"{head_name(head)} selectivity per pattern at {revision}",
-                      yaxis_title="selectivity (log)", showlegend=False)
+        _hline_log(fig, noise_floor, f"null floor {noise_floor:.3g}x (induction)", "dot", right=True)
+    title = f"{head_name(head)} selectivity per pattern at {revision}"
+    if membership is not None and induction_threshold is not None:
+        verdict = "member" if membership >= induction_threshold else "not a member"
+        title += (f"<br><sup>induction membership {membership:.3g}x vs {membership_baseline} baseline "
+                  f"(threshold {induction_threshold:.3g}x): {verdict}</sup>")
+    fig.update_layout(template=SCREEN, height=340, title=title, yaxis_title="selectivity (log)", showlegend=False,
+                      margin=dict(t=80))
     fig.update_yaxes(type="log", dtick=1)
     rows = tuple({"head_name": head_name(head), "pattern": p, "selectivity": float(v)} for p, v in zip(patterns, values))
+    if membership is not None:
+        rows += ({"head_name": head_name(head), "pattern": f"induction membership ({membership_baseline})",
+                  "selectivity": float(membership)},)
     prov = provenance(figure="head_scores", model=model, revision=revision, head=head_name(head),
-                      class_threshold=class_threshold, induction_threshold=induction_threshold, noise_floor=noise_floor)
+                      class_threshold=class_threshold, induction_threshold=induction_threshold,
+                      membership_baseline=membership_baseline, noise_floor=noise_floor)
     return FigureBundle(f"inspector-{head_name(head)}-scores", fig, rows, prov,
                         "the null floor applies to induction selectivity.")
 
@@ -923,25 +943,33 @@ def spectral_bundles(report: Any, highlight: Iterable[Head] = ()) -> list[Figure
             pr_integral_ranking(report.spectral, report.model, report.probe_spec)]
 
 
-def screen_bundles(report: Any, checkpoint_index: int = -1, patterns: Sequence[str] | None = None) -> list[FigureBundle]:
-    """Step 2 figures of a ScreenReport at one checkpoint: a heatmap and strip per pattern, the class map, fractions."""
+def screen_bundles(report: Any, checkpoint_index: int = -1, patterns: Sequence[str] | None = None,
+                   here: Any = None) -> list[FigureBundle]:
+    """Step 2 figures of a ScreenReport at one checkpoint: a heatmap and strip per pattern, the class map, fractions.
+
+    here: that checkpoint's ScreenResult (membership and null floor); the report's final one by default
+    when the checkpoint is the final one.
+    """
     from core.selectivity import classify
 
     names = tuple(report.final.patterns)
     index = checkpoint_index % len(report.checkpoints)
     ckpt = report.checkpoints[index]
     sel = report.selectivity_by_checkpoint[index]  # [pattern, layer, head]
-    is_final = index == len(report.checkpoints) - 1
-    floor = report.final.noise_floor if is_final else None
-    floor = float(floor) if floor is not None and np.ndim(floor) == 0 else None
+    if here is None and index == len(report.checkpoints) - 1:
+        here = report.final
+    floor = None if here is None or here.noise_floor is None or np.ndim(here.noise_floor) else float(here.noise_floor)
+    membership = None if here is None else here.membership
+    threshold = report.final.induction_threshold if here is None else here.induction_threshold
+    member_baseline = getattr(here if here is not None else report.final, "membership_baseline", "uniform")
     out = []
     for pattern in patterns or names:
         p = names.index(pattern)
         out.append(selectivity_heatmap(sel[p], pattern, report.model, report.probe_spec, ckpt.revision, ckpt.tokens,
-                                       report.final.threshold, report.final.induction_threshold, floor,
-                                       report.final.baseline))
+                                       report.final.threshold, floor, report.final.baseline, membership, threshold,
+                                       member_baseline))
         out.append(selectivity_strip(sel[p], pattern, report.model, report.probe_spec, ckpt.revision,
-                                     report.final.threshold, report.final.induction_threshold, floor))
+                                     report.final.threshold, floor))
     out.append(class_map(classify(sel, names, report.final.threshold), report.model, report.probe_spec, ckpt.revision,
                          report.final.threshold))
     out.append(class_fractions_over_training(report.selectivity_by_checkpoint, names, [c.tokens for c in report.checkpoints],

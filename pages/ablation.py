@@ -59,10 +59,12 @@ preset_col, control_col = st.columns([2, 3], gap="large")
 with preset_col:
     st.markdown("**Presets**")
     p1, p2 = st.columns(2)
-    if p1.button(f"Induction circuit (≥ {here.induction_threshold:g}x)", key="preset_circuit",
-                 help="The screened induction circuit: heads at or above the membership threshold at this checkpoint."):
-        _set_heads(here.induction_heads, f"No head reaches {here.induction_threshold:g}x induction selectivity at "
-                                         f"{ws.revision}; try a later checkpoint or another preset.")
+    if p1.button("Induction circuit", key="preset_circuit",
+                 help=f"The screened induction circuit at this checkpoint: induction selectivity against the "
+                      f"{here.membership_baseline} baseline ≥ {here.induction_threshold:.3g}x."):
+        _set_heads(here.induction_heads, f"No head reaches the membership threshold ({here.induction_threshold:.3g}x "
+                                         f"against the {here.membership_baseline} baseline) at {ws.revision}; "
+                                         "try a later checkpoint or another preset.")
     if p2.button("Previous-token heads", key="preset_prev"):
         _set_heads(HeadSet.from_mask(classes == "previous-token"),
                    f"No head is classed previous-token (≥ {here.threshold:g}x) at {ws.revision}.")

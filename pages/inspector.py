@@ -95,7 +95,8 @@ floor = here.noise_floor
 left, right = st.columns(2)
 with left:
     show_figure(head_scores(here.selectivity[:, layer, h], patterns, head, ws.model_name, ws.revision, here.threshold,
-                            here.induction_threshold, None if floor is None else float(floor)), "inspector_scores")
+                            None if floor is None else float(floor), float(here.membership[layer, h]),
+                            here.induction_threshold, here.membership_baseline), "inspector_scores")
 with right:
     report = guarded(lambda: screen_report(ws), stop=False)
     if report is not None:

@@ -21,17 +21,23 @@ sel = report.selectivity_by_checkpoint[index]  # [pattern, layer, head]
 floor = here.noise_floor
 floor = float(floor) if floor is not None else None
 
-m1, m2, m3 = st.columns(3)
+m1, m2, m3, m4 = st.columns(4)
 fractions = here.fractions()
 spec_frac = fractions["specialized_fraction_above_null_p99"]
 m1.metric("specialized fraction (induction > null p99)", "—" if spec_frac is None else f"{spec_frac:.1%}")
 m2.metric(f"best pattern ≥ {here.threshold:g}x", f"{here.fraction_at_threshold:.1%}")
 m3.metric("null floor (induction)", "—" if floor is None else f"{floor:.3g}x")
+circuit = here.induction_heads
+m4.metric("induction circuit", f"{len(circuit)} heads",
+          help=f"induction selectivity against the {here.membership_baseline} baseline ≥ {here.induction_threshold:.3g}x")
+st.caption(f"Induction circuit at {ws.revision}: **{circuit or 'none'}** (≥ {here.induction_threshold:.3g}x against "
+           f"the {here.membership_baseline} baseline; 50x at T = 256, scaled to this probe length).")
 
 left, right = st.columns(2)
 with left:
     heat = selectivity_heatmap(sel[patterns.index(pattern)], pattern, report.model, report.probe_spec, ckpt.revision,
-                               ckpt.tokens, here.threshold, here.induction_threshold, floor, here.baseline)
+                               ckpt.tokens, here.threshold, floor, here.baseline, here.membership,
+                               here.induction_threshold, here.membership_baseline)
     picked = show_figure(heat, "screen_heatmap", pickable=True)
 with right:
     classes = classify(sel, patterns, here.threshold)
@@ -42,7 +48,7 @@ offer_inspect(picked or picked_classes, "screen")
 left, right = st.columns(2)
 with left:
     show_figure(selectivity_strip(sel[patterns.index(pattern)], pattern, report.model, report.probe_spec, ckpt.revision,
-                                  here.threshold, here.induction_threshold, floor), "screen_strip")
+                                  here.threshold, floor), "screen_strip")
 with right:
     show_figure(class_fractions_over_training(report.selectivity_by_checkpoint, patterns,
                                               [c.tokens for c in report.checkpoints],

@@ -86,13 +86,15 @@ def test_pr_integral_ranking_colours_top_k():
 
 def test_selectivity_heatmap_marks_thresholds_and_null_floor():
     sel = np.array([[1.0, 40.0, 60.0], [3.0, 0.0, 100.0]])  # [layer, head]
-    bundle = figures.selectivity_heatmap(sel, "induction", "m", {}, "s3", 1e5, 30, 50, noise_floor=3.0)
+    membership = np.array([[0.5, 9.0, 20.0], [1.0, 0.0, 12.5]])  # against the uniform baseline
+    bundle = figures.selectivity_heatmap(sel, "induction", "m", {}, "s3", 1e5, 30, noise_floor=3.0,
+                                         membership=membership, induction_threshold=12.5)
     heat = bundle.figure.data[0]
     assert np.array_equal(np.asarray(heat.customdata), sel)  # raw selectivity, exactly
     assert np.allclose(np.asarray(heat.z), np.log10(np.maximum(sel, figures.SELECTIVITY_FLOOR)))
     by_name = {t.name: t for t in bundle.figure.data[1:]}
     medium = next(t for n, t in by_name.items() if n.startswith("≥ 30x"))
-    strong = next(t for n, t in by_name.items() if n.startswith("≥ 50x"))
+    strong = next(t for n, t in by_name.items() if n.startswith("induction member"))
     floor = next(t for n, t in by_name.items() if "null floor" in n)
     assert list(zip(medium.y, medium.x)) == [(0, 1)]
     assert sorted(zip(strong.y, strong.x)) == [(0, 2), (1, 2)]
@@ -100,6 +102,9 @@ def test_selectivity_heatmap_marks_thresholds_and_null_floor():
     picker = bundle.figure.data[-1]
     assert picker.meta == figures.PICKER and len(picker.customdata) == 6
     assert "3x" in " ".join(bundle.figure.data[0].colorbar.ticktext)
+    assert [r["induction_member"] for r in bundle.rows] == [False, False, True, False, False, True]
+    other = figures.selectivity_heatmap(sel, "self", "m", {}, "s3", membership=membership, induction_threshold=12.5)
+    assert not any("member" in (t.name or "") for t in other.figure.data)  # membership is an induction notion
 
 
 def test_class_map_colours_each_class():
