@@ -530,6 +530,8 @@ def train_model(
     config_json = {"model": model_cfg.to_json(), "train": train_cfg.to_json()}
     existing = read_manifest(out_dir)
     if existing and existing.get("complete"):
+        if existing.get("config") not in (None, config_json):
+            raise HeadLabError(f"{out_dir} holds a finished model with a different config; delete that folder or pick another name.")
         return existing
     out_dir.mkdir(parents=True, exist_ok=True)
     model = _initial_model(model_cfg, train_cfg)
@@ -731,7 +733,7 @@ def _paper_preset() -> list[tuple[str, ModelConfig, TrainConfig]]:
     out = [(f"induction-neox-s{s}", _NEOX_INDUCTION, replace(_INDUCTION_TRAIN, seed=s)) for s in range(6)]
     out += [(f"reverse-hhg-s{s}", _HHG, replace(_HHG_TRAIN, seed=s)) for s in range(10)]
     out += [(f"sort-hhg-s{s}", _HHG, replace(_HHG_TRAIN, task="sort", seed=s)) for s in range(10)]
-    out += [("induction-olmoe", _OLMOE, replace(_OLMOE_TRAIN, steps=2000))]
+    out += [("induction-olmoe", _OLMOE, _OLMOE_TRAIN)]  # the quick preset's MoE model: one folder serves both
     out += [("induction-neox-shifted", _NEOX_INDUCTION, replace(
         _INDUCTION_TRAIN, task="shifted", steps=1000, repeat_warmup_steps=0, init_from="induction-neox-s0"))]
     return out

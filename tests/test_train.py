@@ -260,6 +260,10 @@ def test_resume_after_interruption_is_bit_identical(tmp_path):
     train_model("other", TINY, replace(TINY_TRAIN, lr=1e-3), tmp_path / "other", stop_after_steps=3)
     with pytest.raises(HeadLabError):
         train_model("other", TINY, replace(TINY_TRAIN, lr=2e-3), tmp_path / "other")
+    # ... and so is a finished one (two presets may not share a folder with different recipes)
+    with pytest.raises(HeadLabError, match="different config"):
+        train_model("full", TINY, replace(cfg, lr=2e-3), tmp_path / "full")
+    assert train_model("full", TINY, cfg, tmp_path / "full")["checkpoints"] == full["checkpoints"]
 
 
 @pytest.mark.parametrize("family", ["gpt_neox", "llama", "olmoe"])
