@@ -969,7 +969,7 @@ def closure_verdict(
         sign = DAMAGE_SIGN[head_metric]
         strong = sign * z[head_metric] > z_threshold
         if not strong:
-            reasons.append(f"z_{head_metric} = {z[head_metric]:+.2f} is not beyond {-sign * z_threshold:+g}.")
+            reasons.append(f"z_{head_metric} = {z[head_metric]:+.2f} is not beyond {sign * z_threshold:+g}.")
     else:
         outside = []
         for metric in metrics:

@@ -479,6 +479,8 @@ def test_closure_verdict_hand_made():
     assert closure_verdict(strong, ctrl, headline="loss").label == "pass"
     weak = {"loss": 0.15, "top1": -0.015, "target_logit": -0.15}  # damaging but inside the controls
     assert closure_verdict(weak, ctrl).label == "fail"
+    assert "z_target_logit = -0.61 is not beyond -1.8." in closure_verdict(weak, ctrl).reasons
+    assert "z_loss = +0.61 is not beyond +1.8." in closure_verdict(weak, ctrl, headline="loss").reasons
     assert closure_verdict(weak, ctrl, rule="reference").label == "fail"
     mixed = {"loss": 1.0, "top1": 0.05, "target_logit": -2.0}  # top-1 goes up: not every delta is damage
     assert closure_verdict(mixed, ctrl).label == "fail"

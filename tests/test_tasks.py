@@ -219,11 +219,22 @@ def test_load_text_bytes_returns_a_copy_and_rejects_bad_split():
 
 
 def test_valid_text_queries_on_hand_made_window():
-    # pos:          0    1   2   3   4   5   6   7   8   9  10  11  12
-    window = np.array([BOS, 10, 11, 12, 13, 14, 15, 16, 17, 10, 18, 10, 17])
+    assert text_mod.MIN_TEXT_QUERY_POS == 16
+    # pos:  0    1   2   3   4   5   6   7   8   9  10  11  12  13  14  15  16  17  18  19  20
+    window = np.array([BOS, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 11, 21, 22, 23, 24, 10, 30, 10, 24])
     q, j = text_mod.valid_text_queries(window)
-    # q=9: 10 seen once (at 1), gap ok. q=11: 10 seen twice. q=12: 17 seen once at 8 but 8+1 > 12-6.
-    assert q.tolist() == [9] and j.tolist() == [1]
+    # q=12: 11 seen once (at 2) but q < 16. q=17: 10 seen once (at 1), gap ok. q=19: 10 seen twice.
+    # q=20: 24 seen once at 16 but 16+1 > 20-6.
+    assert q.tolist() == [17] and j.tolist() == [1]
+
+
+def test_every_text_query_leaves_keys_for_the_null():
+    from core.selectivity import null_target_positions
+
+    batch = make_text_probe(TextProbeSpec(n_examples=64, seq_len=24, seed=3))  # short windows: q near the minimum
+    draws = null_target_positions(batch.query_pos, batch.induction_pos, batch.duplicate_pos, n_draws=5)
+    assert draws.shape == (5, 64)
+    assert TextProbeSpec(4, 24, 3).to_json()["min_query_pos"] == 16  # part of the cache key
 
 
 def test_text_probe_structure():

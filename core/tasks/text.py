@@ -21,9 +21,9 @@ from core.tasks.vocab import BOS
 
 SPLITS = ("train", "heldout")
 HELDOUT_FRACTION_DENOMINATOR = 20  # last 1/20 = 5% of the bytes
-MIN_TEXT_QUERY_POS = 8  # queries need some context before them
+MIN_TEXT_QUERY_POS = 16  # q >= 16 leaves >= 8 non-special keys (not 0, q, q-1, q-5..q-2, p, p+1) for the null and baseline
 MIN_INDUCTION_GAP = 6  # earlier occurrence j satisfies j+1 <= q-6: the induction key is not q-1 nor in q-5..q-2
-MIN_TEXT_SEQ_LEN = 16
+MIN_TEXT_SEQ_LEN = 24  # room for queries at q >= MIN_TEXT_QUERY_POS
 MAX_TEXT_SEQ_LEN = 2048  # the once-before search builds a [T, T] table per window
 
 
@@ -94,7 +94,8 @@ class TextProbeSpec:
             )
 
     def to_json(self) -> dict:
-        return {"task": "text", **asdict(self)}
+        # min_query_pos is part of how the batch is built, so it is part of the cache key
+        return {"task": "text", **asdict(self), "min_query_pos": MIN_TEXT_QUERY_POS}
 
     @classmethod
     def from_json(cls, obj: dict | str) -> "TextProbeSpec":
@@ -110,7 +111,7 @@ def default_text_probe_spec() -> TextProbeSpec:
 def valid_text_queries(window: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Query positions q of one window whose token occurred exactly once before, and that occurrence j.
 
-    Kept: q >= 8 and j + 1 <= q - 6, so the induction key differs from the previous-token key and
+    Kept: q >= MIN_TEXT_QUERY_POS and j + 1 <= q - 6, so the induction key differs from the previous-token key and
     the local window q-5..q-2 (otherwise selectivities for those patterns would be confounded).
     window: [pos] int. Returns (q, j), each [n_valid] int64, q ascending.
     """
