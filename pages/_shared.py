@@ -27,11 +27,8 @@ INT_KEYS = ("n", "seq_len", "seed", "token_low", "token_high")
 DEFAULTS = {"task": "induction", "n": 256, "seq_len": 64, "seed": 42, "token_low": 0, "token_high": 256,
             "pattern": "induction"}
 INSPECTOR = "pages/inspector.py"
-NULL_DRAWS = 200  # draws of the induction null (the noise floor); the text probe has no null (short queries)
-
-
-def null_draws(spec_json: str) -> int:
-    return NULL_DRAWS if json.loads(spec_json)["task"] == "induction" else 0
+ABLATION_LAB = "pages/ablation.py"
+NULL_DRAWS = 200  # draws of the induction null (the noise floor), both probes
 
 
 @dataclass(frozen=True)
@@ -147,7 +144,7 @@ def cached_checkpoint_screen(model_name: str, revision: str, spec_json: str, sta
     """Step 2 at one checkpoint, with the induction null (so every checkpoint has its null floor)."""
     from core.recipe import screen_checkpoint
 
-    return screen_checkpoint(cached_stats(model_name, revision, spec_json, stamp), n_null_draws=null_draws(spec_json))
+    return screen_checkpoint(cached_stats(model_name, revision, spec_json, stamp), n_null_draws=NULL_DRAWS)
 
 
 @st.cache_data(show_spinner="Screening every checkpoint...", max_entries=16)
@@ -156,7 +153,7 @@ def cached_report(model_name: str, spec_json: str, definition: str, k: float, st
 
     k_arg = int(k) if k >= 1 else float(k)
     return screen(ModelRef.parse(model_name), spec_from_json(spec_json), k=k_arg, definition=definition,
-                  n_null_draws=null_draws(spec_json))
+                  n_null_draws=NULL_DRAWS)
 
 
 def checkpoint_stats(ws: Workspace):
@@ -395,6 +392,14 @@ def offer_inspect(picked: list[Head], key: str) -> None:
     sync_url()
     label = f"Inspect {head_name(head)} in the head inspector" + (f" ({len(picked)} picked; first shown)" if len(picked) > 1 else "")
     st.page_link(INSPECTOR, label=label, icon=":material/search:")
+
+
+def send_to_ablation_lab(heads) -> None:
+    """Open the ablation lab with `heads` in its head box (any page can hand a head set over)."""
+    text = ", ".join(head_name(h) for h in heads)
+    st.session_state["heads_text"] = text  # the lab's text box
+    st.session_state["ablation_heads"] = text  # its copy that survives other pages
+    st.switch_page(ABLATION_LAB)
 
 
 def current_head(n_layers: int, n_heads: int, fallback: Head = (0, 0)) -> Head:
