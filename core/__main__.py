@@ -24,7 +24,10 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "ablate": ("core.recipe", "ablate", "group ablation with matched-random controls"),
     "recipe": ("core.recipe", "recipe", "the full three-step recipe with its verdict"),
     "attribution": ("core.attribution", "attribution", "gradient attribution vs causal importance [HHG]"),
-    "export": ("core.export", "export", "paper figures headless: spectral, screen, ablation (PNG/SVG/PDF + CSV/JSON)"),
+    "proposers": ("core.proposers", "proposers", "proposers vs disposer: four circuit proposals, one closure test"),
+    "export": ("core.export", "export", "paper figures headless: spectral, screen, ablation, attribution (PNG/SVG/PDF + CSV/JSON)"),
+    "coactivation": ("core.coactivation", "coactivation", "Ising co-activation communities and their closure test [CVC]"),
+    "replicate": ("core.replicate", "replicate", "the papers' claims on the zoo: a report with verdicts and figures"),
 }
 
 # bench target -> (module, function suffix)

@@ -11,6 +11,8 @@ or sorting, every component (each attention head, each MLP) gets
 and the two are compared by rank: Spearman rho, rank differences d = rank_G - rank_C, classes
 (d >= 6 "bloat": large gradient, small effect; d <= -6 "hero": small gradient, large effect),
 joint ablation of all bloats / all heroes with two superadditivity ratios, and a summary over seeds.
+Preset runs store one JSON per model under reports/attribution (`run_preset`); `stored_summaries`
+regroups them (per task and settings) for the app's seed-level figures (core/figures_attribution.py).
 
 Choices fixed here (named in every result's settings):
 - Components are named "L1H3" (head 3 of layer 1) and "L1MLP" (the MLP of layer 1), ordered layer
@@ -298,9 +300,13 @@ def pick_ood_length(
         chosen = choose_ood_length(accuracy, *band)
         if chosen is None:
             shown = ", ".join(f"{n}: {a:.2f}" for n, a in accuracy.items())
+            if all(a <= 0.0 for a in accuracy.values()):
+                hint = f"the model solves none of them; check that it was trained for {task} and that this checkpoint is a trained one"
+            else:
+                hint = "give an OOD length (--ood-length) to analyse one anyway"
             raise NoOODLengthError(
                 f"no OOD length {OOD_LENGTHS.start}..{OOD_LENGTHS.stop - 1} has a clean accuracy in "
-                f"[{band[0]:.2f}, {band[1]:.2f}] ({shown}); pass --ood-length to analyse one anyway."
+                f"[{band[0]:.2f}, {band[1]:.2f}] ({shown}); {hint}."
             )
         return chosen, accuracy
     if accuracy[ood_length] <= 0.0:
@@ -740,7 +746,11 @@ def analyze_model(
     blocks = component_blocks(hf_model)
     if (blocks.n_layers, blocks.n_heads) != (int(bridge.cfg.n_layers), int(bridge.cfg.n_heads)):
         raise HeadLabError("the Hugging Face model and the bridge differ in shape; load both from the same checkpoint.")
+    if progress is not None:
+        progress("clean accuracy per OOD length", 0, 1)
     length, accuracy = pick_ood_length(_bridge_logits_fn(bridge), settings.task, settings.n_examples, settings.seed, settings.ood_length)
+    if progress is not None:
+        progress("clean accuracy per OOD length", 1, 1)
     G = gradient_magnitudes(hf_model, settings.task, length, settings.n_batches, settings.batch_size, settings.seed,
                             settings.gradient_variant, progress)
     evaluator = AccuracyUnderAblation(bridge, settings.task, length, settings.n_examples, settings.seed,
@@ -758,8 +768,18 @@ def analyze_model(
         "ablation_site": "heads: blocks.{l}.attn.hook_z slice; MLPs: the MLP output hook; every position",
         "mean_ablation": "per-position mean over the evaluation sequences (teacher-forced clean run)",
     }
+
+    def joint_damage(members: Sequence[str]) -> float:
+        stage = f"joint ablation of {len(members)} components"
+        if progress is not None:
+            progress(stage, 0, 1)
+        value = evaluator.damage(members)
+        if progress is not None:
+            progress(stage, 1, 1)
+        return value
+
     return assemble_result(name, revision, blocks.components, G, C, evaluator.clean, accuracy, length, settings,
-                           evaluator.damage, blocks.notes, provenance)
+                           joint_damage, blocks.notes, provenance)
 
 
 def _fmt(s: slice) -> str:
@@ -873,7 +893,7 @@ def summarize(results: Sequence[AttributionResult], skipped: Sequence[tuple[str,
 # ----------------------------------------------------------------------------------------------
 
 
-def _manifest_task(ref: Any) -> str | None:
+def manifest_task(ref: Any) -> str | None:
     """The task a zoo (or local HeadLab) model's manifest names; None when there is no manifest."""
     from core.workspace import zoo_dir
 
@@ -891,13 +911,13 @@ def analyze_ref(ref: Any, settings: AttributionSettings, revision: str | None = 
     """Load a model (plain HF for gradients, a bridge for ablations) and analyse it."""
     from core.models import load_hf_model, load_model, resolve_checkpoint
 
-    manifest_task = _manifest_task(ref)
-    check_model_for_task(None, settings.task, manifest_task, ref.name)  # before any weight is read
+    trained_for = manifest_task(ref)
+    check_model_for_task(None, settings.task, trained_for, ref.name)  # before any weight is read
     resolved = revision if ref.kind == "hub" else resolve_checkpoint(ref, revision).revision
     hf_model = load_hf_model(ref, resolved, device)
-    check_model_for_task(hf_model, settings.task, manifest_task, ref.name)
+    check_model_for_task(hf_model, settings.task, trained_for, ref.name)
     bridge = load_model(ref, resolved, device)
-    result = analyze_model(hf_model, bridge, settings, ref.name, resolved, manifest_task, progress)
+    result = analyze_model(hf_model, bridge, settings, ref.name, resolved, trained_for, progress)
     return replace(result, provenance={**result.provenance, "model_ref": ref.to_json(), "device": device})
 
 
@@ -933,6 +953,62 @@ def _stored(path: Path, settings: AttributionSettings, revision: str) -> dict | 
         return data if same else None
     except (OSError, ValueError, KeyError, TypeError, HeadLabError):
         return None  # unreadable or from another version: recompute
+
+
+def stored_result(name: str, settings: AttributionSettings, revision: str) -> AttributionResult | None:
+    """The stored result of model `name` at `revision` made with `settings` (a preset run's
+    attribution_dir()/<name>.json), else None."""
+    data = _stored(attribution_dir() / f"{name}.json", settings, revision)
+    return None if data is None else AttributionResult.from_json(data)
+
+
+def stored_summaries(task: str | None = None, folder: Path | None = None) -> list[AttributionSummary]:
+    """Summaries of the stored per-model results (attribution_dir() by default), one per group
+    analysed alike (same task, settings and components), largest group first.
+
+    Each summary names the models skipped under its settings, and stored results of zoo models
+    retrained since (another final revision) as skipped, not counted. Unreadable files are left out.
+    """
+    folder = attribution_dir() if folder is None else Path(folder)
+    groups: dict[tuple, list[AttributionResult]] = {}
+    skipped: dict[AttributionSettings, list[tuple[str, str]]] = {}
+    for path in sorted(folder.glob("*.json")):
+        if path.name.startswith("summary-"):
+            continue
+        try:
+            data = json.loads(path.read_text())
+            if path.name.endswith(".skipped.json"):
+                skipped.setdefault(AttributionSettings.from_json(data["settings"]), []).append((str(data["model"]), str(data["reason"])))
+                continue
+            result = AttributionResult.from_json(data)
+        except (OSError, ValueError, KeyError, TypeError, HeadLabError):
+            continue  # unreadable or from another version
+        if task is not None and result.task != task:
+            continue
+        current, _ = _zoo_status(result.model)
+        if current is not None and result.revision != current:
+            skipped.setdefault(result.settings, []).append(
+                (result.model, f"stored result is for {result.revision}, the model was retrained to {current}; rerun the preset"))
+            continue
+        groups.setdefault((result.settings, result.components), []).append(result)
+    summaries = [summarize(results, skipped.get(settings, ())) for (settings, _), results in groups.items()]
+    return sorted(summaries, key=lambda s: -s.n_models)
+
+
+def sequence_zoo_models() -> dict[str, str]:
+    """{zoo model: task} for every zoo model whose manifest names reverse or sort."""
+    from core.models import ModelRef, list_zoo
+    from core.tasks.sequences import TASKS
+
+    out = {}
+    for name in list_zoo():
+        try:
+            task = manifest_task(ModelRef(name, "zoo"))
+        except HeadLabError:
+            continue
+        if task in TASKS:
+            out[name] = task
+    return out
 
 
 def _zoo_status(name: str) -> tuple[str | None, str]:

@@ -1,4 +1,4 @@
-"""`python -m core export MODEL --figure spectral|screen|ablation --out DIR`: the app's figures, headless.
+"""`python -m core export MODEL --figure spectral|screen|ablation|attribution --out DIR`: the app's figures, headless.
 
 The same builders the pages draw (core/figures.py), written in the paper theme as PNG (high
 resolution), SVG and PDF, with each figure's data as CSV and JSON carrying its provenance.
@@ -14,13 +14,16 @@ from core.errors import HeadLabError
 from core.figures import IMAGE_FORMATS, ablation_bundles, export_bundle, screen_bundles, spectral_bundles
 from core.heads import HeadSet, head_name, parse_heads
 
-FIGURES = ("spectral", "screen", "ablation")
+PROBE_FIGURES = ("spectral", "screen", "ablation")  # models probed with the induction or text batch
+SEQUENCE_FIGURES = ("attribution",)  # [HHG] reversal / sorting models
+FIGURES = PROBE_FIGURES + SEQUENCE_FIGURES
 
 
 def add_export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="zoo name, local Hugging Face folder or hub name")
     parser.add_argument("--figure", action="append", choices=FIGURES + ("all",), required=True,
-                        help="which figures: spectral, screen, ablation or all (repeatable)")
+                        help="which figures: spectral, screen, ablation, attribution (reverse/sort models) or all "
+                             "(every figure that applies to the model; repeatable)")
     parser.add_argument("--out", type=Path, required=True, help="folder to write the figures into")
     parser.add_argument("--task", choices=("induction", "text"), default="induction", help="probe task (default induction)")
     parser.add_argument("--n", type=int, default=256, help="probe sequences N (default 256)")
@@ -57,9 +60,21 @@ def cli_export(args: argparse.Namespace) -> dict:
     from core.models import ModelRef, list_checkpoints, resolve_checkpoint
     from core.recipe import probe_spec, screen
 
-    wanted = FIGURES if "all" in args.figure else tuple(dict.fromkeys(args.figure))
+    from core.attribution import manifest_task
+    from core.tasks.sequences import TASKS as SEQUENCE_TASKS
+
     formats = _formats(args.formats)
     ref = ModelRef.parse(args.model)
+    sequence_model = manifest_task(ref) in SEQUENCE_TASKS
+    if "all" in args.figure:
+        wanted = SEQUENCE_FIGURES if sequence_model else PROBE_FIGURES
+    else:
+        wanted = tuple(dict.fromkeys(args.figure))
+    if sequence_model and set(wanted) & set(PROBE_FIGURES):
+        raise HeadLabError(f"{ref.name} is a reversal/sorting model: export --figure attribution (the probe figures "
+                           "need an induction or text model).")
+    if sequence_model:
+        return _export_attribution(ref, args, formats)
     spec = probe_spec(args.task, args.n, args.seq_len, args.seed)
     k = int(args.k) if args.k >= 1 else float(args.k)
     checkpoint = resolve_checkpoint(ref, args.revision)
@@ -102,6 +117,26 @@ def cli_export(args: argparse.Namespace) -> dict:
         out["ablation"] = {"heads": str(ablation["result"].selection), "seconds": ablation["seconds"],
                            "verdicts": {k: v.to_json() for k, v in ablation["result"].verdicts.items()}}
     return out
+
+
+def _export_attribution(ref, args: argparse.Namespace, formats: tuple[str, ...]) -> dict:
+    """[HHG] figures of one reversal/sorting model (its stored preset result when there is one, else a
+    fresh analysis with default settings), plus the seed-level figures of the stored results of its task."""
+    from core.attribution import AttributionSettings, analyze_ref, manifest_task, stored_result, stored_summaries
+    from core.figures_attribution import attribution_bundles
+    from core.models import resolve_checkpoint
+
+    settings = AttributionSettings(task=manifest_task(ref))
+    revision = resolve_checkpoint(ref, args.revision).revision
+    result = stored_result(ref.name, settings, revision) if ref.kind == "zoo" else None
+    if result is None:
+        result = analyze_ref(ref, settings, revision, device=args.device)
+    written: list[Path] = []
+    for bundle in attribution_bundles(result, stored_summaries(settings.task)):
+        written += export_bundle(bundle, Path(args.out), "", formats)  # names carry the model or the task
+    for path in written:
+        print(path)
+    return {"model": ref.name, "figures": ["attribution"], "revision": revision, "files": [str(p) for p in written]}
 
 
 def _checkpoint_screen(ref, checkpoint, spec, args: argparse.Namespace):

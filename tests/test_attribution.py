@@ -431,8 +431,77 @@ def test_ood_lengths_without_valid_samples():
     fn = lambda t: model(t).logits  # noqa: E731  a random model solves nothing
     with pytest.raises(attr.NoOODLengthError, match="solves none"):
         attr.pick_ood_length(fn, "reverse", 20, 0, ood_length=9)
-    with pytest.raises(attr.NoOODLengthError):
+    with pytest.raises(attr.NoOODLengthError, match="solves none of them; check that it was trained for reverse"):
         attr.pick_ood_length(fn, "reverse", 20, 0)
+
+
+def test_mixture_of_experts_model_gets_a_heads_only_analysis(tmp_path):
+    """A model without a single MLP output matrix (here a mixture of experts) is analysed end to end on
+    its heads only, and the result says so."""
+    from transformers import AutoModelForCausalLM, OlmoeConfig
+
+    from core.models import ModelRef, load_model
+
+    config = OlmoeConfig(
+        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, hidden_size=32, intermediate_size=32,
+        num_experts=4, num_experts_per_tok=2, max_position_embeddings=64, tie_word_embeddings=False,
+        vocab_size=104, bos_token_id=100, eos_token_id=102, pad_token_id=0,
+    )
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(60):  # reversal of 1-2 numbers: enough for a non-zero accuracy at length 1
+        tokens, mask = make_sequence_batch("reverse", [1, 2], 64, gen)
+        loss = attr.answer_loss(model(tokens).logits, tokens, mask)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval().save_pretrained(str(tmp_path))
+    hf_model = AutoModelForCausalLM.from_pretrained(str(tmp_path), attn_implementation="eager").eval()
+    bridge = load_model(ModelRef.parse(str(tmp_path)))
+    stages = []
+    settings = attr.AttributionSettings(task="reverse", n_batches=1, batch_size=8, n_examples=80, ood_length=1, threshold=2)
+    result = attr.analyze_model(hf_model, bridge, settings, "moe", None, progress=lambda s, d, t: stages.append(s))
+    assert result.components == ("L0H0", "L0H1", "L1H0", "L1H1") and len(result.G) == len(result.C) == 4
+    assert any(note.startswith("reduced analysis") for note in result.notes)
+    assert result.clean_accuracy > 0 and result.per_layer[0]["layer"] == 0
+    assert {"clean accuracy per OOD length", "gradients", "ablations"} <= set(stages)
+    assert attr.AttributionResult.from_json(json.loads(json.dumps(result.to_json()))) == result
+
+
+def test_stored_results_grouped_by_settings(tmp_path, monkeypatch):
+    """Stored per-model files are summarised per group analysed alike; skips of that group are named,
+    results of a model retrained since are not counted, unreadable files are left out."""
+    from core.workspace import atomic_write_json
+
+    monkeypatch.setenv("HEADLAB_HOME", str(tmp_path))
+    folder = attr.attribution_dir()
+    C = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5]
+    for name, G in (("a", [1, 2, 3, 4, 5, 6]), ("b", [6, 5, 4, 3, 2, 1]), ("f", [6, 5, 4, 3, 2, 1])):
+        atomic_write_json(folder / f"{name}.json", _result(name, G, C).to_json())
+    atomic_write_json(folder / "0c.json", _result("c", [1, 2, 3, 4, 6, 5], C, settings=attr.AttributionSettings(task="sort", threshold=3)).to_json())
+    atomic_write_json(folder / "d.json", _result("d", [1, 2, 3, 4, 6, 5], C, settings=attr.AttributionSettings(task="reverse")).to_json())
+    sort_settings = attr.AttributionSettings(task="sort", threshold=2)
+    atomic_write_json(folder / "e.skipped.json", {"model": "e", "revision": "step1", "reason": "no OOD length", "settings": sort_settings.to_json()})
+    (folder / "broken.json").write_text("{not json")
+    atomic_write_json(folder / "summary-paper-sort.json", {"not": "a result"})
+    # a zoo model "b" whose final checkpoint is no longer the stored one
+    (tmp_path / "zoo" / "b").mkdir(parents=True)
+    (tmp_path / "zoo" / "b" / "manifest.json").write_text(json.dumps(
+        {"name": "b", "task": "sort", "complete": True, "checkpoints": [{"revision": "step2", "step": 2, "tokens": 64}]}))
+    sort = attr.stored_summaries("sort")
+    assert [s.models for s in sort] == [("a", "f"), ("c",)]  # the larger group first ("0c.json" is read first)
+    assert sort[0].settings == sort_settings and sort[0].rhos == (1.0, -1.0)
+    skipped = dict(sort[0].skipped)
+    assert skipped["e"] == "no OOD length" and "retrained" in skipped["b"] and len(skipped) == 2
+    assert [s.models for s in attr.stored_summaries("reverse")] == [("d",)]
+    assert len(attr.stored_summaries()) == 3
+    assert attr.stored_result("a", sort_settings, "step1").model == "a"
+    assert attr.stored_result("a", sort_settings, "step9") is None  # another checkpoint
+    assert attr.stored_result("a", attr.AttributionSettings(task="sort"), "step1") is None  # other settings
+    assert attr.sequence_zoo_models() == {"b": "sort"}
 
 
 # ----------------------------------------------------------------------------- end to end, CLI

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from assets.theme import PAPER_HEIGHT, PAPER_SCALE, PAPER_WIDTH
 from core import figures
@@ -301,3 +302,24 @@ def test_cli_export_ablation_of_given_heads(tmp_path, monkeypatch):
         for suffix in ("svg", "csv", "json"))
     with pytest.raises(HeadLabError, match="cannot read head"):
         cli_export(parser.parse_args(argv[:-8] + ["--heads", "L1X0", "--controls", "3", "--formats", "svg"]))
+
+
+@needs_chromium
+@pytest.mark.zoo
+def test_cli_export_attribution_of_a_reversal_model(quick_zoo, tmp_path):
+    from core.errors import HeadLabError
+    from core.export import add_export_arguments, cli_export
+
+    torch.set_num_threads(1)
+    parser = argparse.ArgumentParser()
+    add_export_arguments(parser)
+    result = cli_export(parser.parse_args(["reverse-hhg", "--figure", "all", "--out", str(tmp_path), "--formats", "svg"]))
+    assert result["figures"] == ["attribution"]
+    names = {Path(p).name for p in result["files"]}
+    for stem in ("rank-scatter", "joint-ablation"):
+        assert f"attribution-reverse-hhg-{stem}.svg" in names and f"attribution-reverse-hhg-{stem}.csv" in names
+    for path in result["files"]:
+        if path.endswith(".svg"):
+            check_image_files([Path(path)])
+    with pytest.raises(HeadLabError, match="reversal/sorting model"):
+        cli_export(parser.parse_args(["reverse-hhg", "--figure", "screen", "--out", str(tmp_path)]))
