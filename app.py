@@ -14,6 +14,7 @@ PAGES = [
     st.Page("pages/screen.py", title="Pattern screen", icon=":material/grid_on:", url_path="screen"),
     st.Page("pages/ablation.py", title="Ablation lab", icon=":material/science:", url_path="ablation"),
     st.Page("pages/inspector.py", title="Head inspector", icon=":material/search:", url_path="inspector"),
+    st.Page("pages/coactivation.py", title="Co-activation", icon=":material/hub:", url_path="coactivation"),
     st.Page("pages/proposers.py", title="Proposers vs disposer", icon=":material/gavel:", url_path="proposers"),
     st.Page("pages/attribution.py", title="Gradient vs causal", icon=":material/compare_arrows:", url_path="attribution"),
 ]

@@ -189,10 +189,13 @@ def coactivation_proposal(ref: Any, revision: str, spec: Any, device: str = "cpu
     except ModuleNotFoundError:
         return Proposal("co-activation", HeadSet.of(()), "not available: core.coactivation is missing")
     try:
-        heads, why = coactivation.propose_community(ref, revision, spec, device=device)
+        report = coactivation.coactivation(ref, revision, spec, run_closure=False, device=device)
     except HeadLabError as exc:
         return Proposal("co-activation", HeadSet.of(()), f"no community: {exc}")
-    return Proposal("co-activation", heads, why)
+    summary = report.summary()
+    why = (f"candidate Ising community (k = {summary['k']}, {summary['k_rule']}; purity {summary['purity']:.2f}, "
+           f"isolation {summary['isolation']:.2f}), default co-activation settings")
+    return Proposal("co-activation", report.candidate, why)
 
 
 # ---------------------------------------------------------------------------------------------
