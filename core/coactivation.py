@@ -609,11 +609,11 @@ def coactivation(ref: Any, revision: str | None, spec: Any, *, route_conditional
 
 
 def add_coactivation_arguments(parser: argparse.ArgumentParser) -> None:
-    from core.recipe import _add_probe_flags
+    from core.store import add_probe_spec_arguments
 
     parser.add_argument("model", help="zoo name, local Hugging Face folder or hub name")
     parser.add_argument("--revision", default=None, help="checkpoint (default: the final one)")
-    _add_probe_flags(parser)
+    add_probe_spec_arguments(parser)
     parser.add_argument("--route-conditional", action="store_true",
                         help="MoE models: strata from the router weights at q, one Ising fit per stratum, the "
                              "random-partition null, closure on and off the discovery stratum")
@@ -679,11 +679,11 @@ def print_summary(report: CoactivationReport) -> None:
 
 def cli_coactivation(args: argparse.Namespace) -> dict:
     from core.models import ModelRef
-    from core.recipe import _spec_from_args
+    from core.store import probe_spec_from_args
 
     ref = ModelRef.parse(args.model)
     top_k = None if args.top_k is None else (int(args.top_k) if args.top_k >= 1 else float(args.top_k))
-    report = coactivation(ref, args.revision, _spec_from_args(args), route_conditional=args.route_conditional,
+    report = coactivation(ref, args.revision, probe_spec_from_args(args), route_conditional=args.route_conditional,
                           top_k=top_k, ks=args.ks, k=args.k, n_init=args.n_init, min_size=args.min_size,
                           max_size=args.max_size, C=args.C, drop_constant=args.drop_constant, n_strata=args.strata,
                           n_null=args.null, partition=args.null_partition, run_closure=not args.no_closure,

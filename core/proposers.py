@@ -28,6 +28,7 @@ import torch
 
 from core.errors import HeadLabError
 from core.heads import HeadSet, head_name, parse_heads
+from core.store import add_probe_spec_arguments, probe_spec_from_args
 
 PROPOSERS = ("spectral", "pattern screen", "co-activation", "gradient")
 DEFAULT_CONTROLS = 20
@@ -264,25 +265,21 @@ def proposers_vs_disposer(ref: Any, revision: Optional[str], spec: Any, size: Op
 def add_proposers_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="zoo name, local Hugging Face folder, or hub name")
     parser.add_argument("--revision", default=None, help="checkpoint (default: the final one)")
-    parser.add_argument("--task", choices=("induction", "text"), default="induction", help="probe batch")
-    parser.add_argument("--n", type=int, default=256, help="probe examples")
-    parser.add_argument("--seq-len", type=int, default=64, help="probe length")
+    add_probe_spec_arguments(parser)
     parser.add_argument("--size", type=int, default=None,
                         help="heads per spectral/gradient proposal (default: the pattern-screen circuit's size)")
     parser.add_argument("--controls", type=int, default=DEFAULT_CONTROLS, help="random control sets per proposal")
     parser.add_argument("--control-kind", choices=("any-layer", "matched"), default="any-layer")
     parser.add_argument("--mode", choices=("zero", "mean"), default="zero")
-    parser.add_argument("--seed", type=int, default=123, help="control draw seed")
+    parser.add_argument("--control-seed", type=int, default=123, help="control draw seed")
 
 
 def cli_proposers(args: argparse.Namespace) -> dict:
     from core.models import ModelRef
-    from core.recipe import probe_spec
 
     ref = ModelRef.parse(args.model)
-    spec = probe_spec(args.task, n_examples=args.n, seq_len=args.seq_len)
-    report = proposers_vs_disposer(ref, args.revision, spec, args.size, args.controls, args.control_kind,
-                                   args.mode, args.seed, progress=print)
+    report = proposers_vs_disposer(ref, args.revision, probe_spec_from_args(args), args.size, args.controls,
+                                   args.control_kind, args.mode, args.control_seed, args.device, progress=print)
     for row in report.rows():
         z = {k[2:]: v for k, v in row.items() if k.startswith("z ") and v is not None}
         z_text = "  ".join(f"z_{m}={v:+.2f}" for m, v in z.items() if not math.isnan(v))

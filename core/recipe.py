@@ -21,7 +21,7 @@ from core.models import Checkpoint, ModelRef, list_checkpoints, load_config, loa
 from core.probe import HeadStats, collect_head_stats
 from core.selectivity import CLASS_THRESHOLD, INDUCTION_THRESHOLD, ScreenResult, selectivity
 from core.spectral import DEFAULT_DEFINITION, DEFAULT_RULE, SpectralResult, pr_per_head
-from core.store import cached_head_stats, check_spec_fits_config
+from core.store import add_probe_spec_arguments, cached_head_stats, check_spec_fits_config, probe_spec_from_args
 from core.tasks import (InductionProbeSpec, ProbeBatch, TextProbeSpec, make_induction_probe,
                         make_text_probe)
 
@@ -199,7 +199,7 @@ def screen(ref: ModelRef, spec: InductionProbeSpec | TextProbeSpec, k: int | flo
 
 def add_screen_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="zoo name, local Hugging Face folder or hub name")
-    _add_probe_flags(parser)
+    add_probe_spec_arguments(parser)
     parser.add_argument("--k", type=float, default=0.18, help="top-K: a count (>= 1) or a fraction (default 0.18)")
     parser.add_argument("--pr", choices=("entropy", "classic"), default=DEFAULT_DEFINITION,
                         help="PR definition (default: entropy effective rank, the reference code's)")
@@ -210,18 +210,6 @@ def add_screen_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--induction-threshold", type=float, default=None,
                         help="membership threshold (uniform baseline); default 50x at T=256, scaled to the "
                              "probe length (12.5x at T=64: the same 19.5%% attention share)")
-
-
-def _add_probe_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--task", choices=TASKS, default="induction", help="probe task (default induction)")
-    parser.add_argument("--n", type=int, default=256, help="probe sequences N (default 256)")
-    parser.add_argument("--seq-len", type=int, default=64, help="probe length T (default 64)")
-    parser.add_argument("--seed", type=int, default=42, help="probe seed (default 42)")
-    parser.add_argument("--device", default="cpu")
-
-
-def _spec_from_args(args: argparse.Namespace):
-    return probe_spec(args.task, args.n, args.seq_len, args.seed)
 
 
 def _k_from_arg(k: float) -> int | float:
@@ -239,7 +227,7 @@ def cli_screen(args: argparse.Namespace) -> dict:
         bar.update(1)
 
     try:
-        report = screen(ref, _spec_from_args(args), k=_k_from_arg(args.k), definition=args.pr, rule=args.rule,
+        report = screen(ref, probe_spec_from_args(args), k=_k_from_arg(args.k), definition=args.pr, rule=args.rule,
                         baseline=args.baseline, class_threshold=args.class_threshold,
                         induction_threshold=args.induction_threshold, device=args.device, progress=progress)
     finally:
@@ -319,7 +307,7 @@ def add_ablate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="matched: same layers and counts (default); any-layer: same size anywhere")
     parser.add_argument("--mode", choices=("zero", "mean"), default="zero")
     parser.add_argument("--control-seed", type=int, default=123)
-    _add_probe_flags(parser)
+    add_probe_spec_arguments(parser)
 
 
 def cli_ablate(args: argparse.Namespace) -> dict:
@@ -330,7 +318,7 @@ def cli_ablate(args: argparse.Namespace) -> dict:
     selection = parse_heads(args.heads, config.num_hidden_layers, config.num_attention_heads)
     bar, progress = _progress_bar(f"ablate {ref.name}")
     try:
-        result = ablate(ref, args.revision, selection, _spec_from_args(args), args.controls, args.control_kind,
+        result = ablate(ref, args.revision, selection, probe_spec_from_args(args), args.controls, args.control_kind,
                         args.mode, args.control_seed, args.device, progress)
     finally:
         bar.close()
@@ -376,12 +364,12 @@ def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--controls", type=int, default=20, help="matched-random draws (default 20)")
     parser.add_argument("--mode", choices=("zero", "mean"), default="zero")
     parser.add_argument("--control-seed", type=int, default=123)
-    _add_probe_flags(parser)
+    add_probe_spec_arguments(parser)
 
 
 def cli_recipe(args: argparse.Namespace) -> dict:
     ref = ModelRef.parse(args.model)
-    out = run_recipe(ref, _spec_from_args(args), args.controls, args.mode, args.control_seed, args.device,
+    out = run_recipe(ref, probe_spec_from_args(args), args.controls, args.mode, args.control_seed, args.device,
                      progress=lambda text: print(f"... {text}"))
     screen_out = out["screen"]
     print(f"candidate circuit: {', '.join(screen_out['candidate_circuit']) or 'none'}")

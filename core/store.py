@@ -265,19 +265,24 @@ def cached_head_stats(model_ref: Any, revision: Optional[str], probe_spec: dict,
 # python -m core probe
 
 
+def add_probe_spec_arguments(parser: argparse.ArgumentParser) -> None:
+    """The probe batch flags every command that runs a probe shares (and --device)."""
+    parser.add_argument("--task", choices=("induction", "text"), default="induction", help="probe task (default induction)")
+    parser.add_argument("--n", type=int, default=256, help="probe sequences N (default 256)")
+    parser.add_argument("--seq-len", type=int, default=64, help="probe length T (default 64)")
+    parser.add_argument("--seed", type=int, default=42, help="probe seed (default 42)")
+    parser.add_argument("--token-low", type=int, default=0, help="induction tokens from (default 0)")
+    parser.add_argument("--token-high", type=int, default=256, help="induction tokens below (default 256: bytes)")
+    parser.add_argument("--device", default="cpu")
+
+
 def add_probe_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="zoo name, local Hugging Face folder or hub name")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--revision", default=None, help="one checkpoint (default: the final one)")
     which.add_argument("--all-checkpoints", action="store_true", help="every checkpoint of the model")
-    parser.add_argument("--task", choices=("induction", "text"), default="induction")
-    parser.add_argument("--n", type=int, default=256, help="probe sequences (default 256)")
-    parser.add_argument("--seq-len", type=int, default=64, help="probe length T (default 64)")
-    parser.add_argument("--seed", type=int, default=42, help="probe seed (default 42)")
-    parser.add_argument("--token-low", type=int, default=0, help="induction tokens from (default 0)")
-    parser.add_argument("--token-high", type=int, default=256, help="induction tokens below (default 256: bytes)")
+    add_probe_spec_arguments(parser)
     parser.add_argument("--chunk-size", type=int, default=64, help="examples per forward (default 64)")
-    parser.add_argument("--device", default="cpu")
 
 
 def probe_spec_from_args(args: argparse.Namespace):
