@@ -38,8 +38,10 @@ if report is None:
     st.stop()
 
 survivors = report.survivors()
-st.success(f"Survive closure (paper rule): {', '.join(survivors)}") if survivors else st.warning(
-    "No proposal survives closure (paper rule) on this checkpoint.")
+if survivors:
+    st.success(f"Survive closure (paper rule): {', '.join(survivors)}")
+else:
+    st.warning("No proposal survives closure (paper rule) on this checkpoint.")
 show_figure(proposers_figure(report), key="pvd_fig")
 st.dataframe(pd.DataFrame(report.rows()), hide_index=True, width="stretch")
 
