@@ -8,41 +8,23 @@ batches and evaluation examples keep it quick on two CPUs.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
+from test_app import chart, errors, make_app, open_page
 
 pytestmark = pytest.mark.zoo
 
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
 MODEL = "reverse-hhg"
 N_BATCHES, N_EXAMPLES = 2, 200
 EXPORTS_PER_FIGURE = 5  # PNG, SVG, PDF, CSV, JSON
 
 
 def open_attribution(model: str = MODEL) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=900)
-    at.query_params["model"] = model
-    at.query_params["n"] = "32"
-    at.run()
-    at.switch_page("pages/attribution.py")
-    at.run()
+    at = open_page(make_app(model=model, n=32), "attribution")
     assert not at.exception, at.exception
     return at
-
-
-def chart(at: AppTest, key: str) -> dict:
-    for element in at.get("plotly_chart"):
-        if element.proto.id.endswith(key):
-            return json.loads(element.proto.spec)
-    raise AssertionError(f"no chart {key!r}")
-
-
-def errors(at: AppTest) -> list[str]:
-    return [e.value for e in at.error]
 
 
 def quick_settings(at: AppTest) -> None:
