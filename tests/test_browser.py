@@ -2,12 +2,15 @@
 
 Visits every page on the quick zoo and saves a screenshot of each into test-output/screenshots/;
 in the ablation lab it box-selects heads on the grid with the mouse, runs the ablation, waits for
-the verdict and screenshots it. Never downloads a browser: skips when /usr/bin/chromium is missing.
+the verdict and screenshots it. The analysis pages each run to a result (a co-activation community's
+closure test, gradient vs causal, proposers vs disposer, form vs function over training), and two of
+them hand heads to the ablation lab. Never downloads a browser: skips when /usr/bin/chromium is missing.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -110,7 +113,9 @@ def screenshot(tab, name: str) -> Path:
     """A screenshot of the whole page (the app scrolls inside its main area, so grow the viewport to fit)."""
     height = tab.evaluate("() => { const m = document.querySelector('[data-testid=\"stMain\"]');"
                           " return Math.max(document.body.scrollHeight, m ? m.scrollHeight : 0); }")
-    tab.set_viewport_size({"width": 1440, "height": int(min(max(height, 1000), 4000))})
+    tab.set_viewport_size({"width": 1440, "height": int(min(max(height, 1000), 6000))})
+    tab.mouse.move(1, 1)  # no chart toolbar or tooltip left over from the last click
+    tab.evaluate("() => { const m = document.querySelector('[data-testid=\"stMain\"]'); if (m) m.scrollTo(0, 0); }")
     tab.wait_for_timeout(800)
     path = SHOTS / f"{name}.png"
     tab.screenshot(path=str(path), full_page=True)
@@ -235,3 +240,121 @@ def test_a_running_ablation_can_be_cancelled(server, page):
     wait_until_idle(page, "Ablation lab")
     assert_no_exception(page)
     assert page.get_by_role("heading", name="Verdict").count() == 0
+
+
+# ------------------------------------------------------------------ the analysis pages: each runs to a result
+
+HEAD_LIST = r"^L\d+H\d+(, ?L\d+H\d+)*$"
+
+
+def assert_no_error(tab) -> None:
+    """The app's own navigation, and neither an exception nor an st.error on the page."""
+    nav = tab.locator('[data-testid="stSidebarNav"]').inner_text()
+    assert "Ablation lab" in nav, ("the sidebar lists files, not the app's pages: Streamlit served pages/ as a legacy "
+                                   f"multipage app (a deep link as the first request after start?): {nav!r}")
+    assert_no_exception(tab)
+    shown = tab.locator('[data-testid="stAlertContentError"]')
+    assert shown.count() == 0, shown.first.inner_text()
+
+
+def click_button(tab, key: str, title: str) -> None:
+    """Click the button with widget key `key` once the page is idle."""
+    wait_until_idle(tab, title)
+    tab.locator(f".st-key-{key} button").first.click()
+
+
+def set_number(tab, label: str, value: int, title: str) -> None:
+    box = tab.locator(f'input[aria-label="{label}"]')
+    box.fill(str(value))
+    box.press("Enter")
+    wait_until_idle(tab, title)
+
+
+def test_coactivation_closure_test_and_hand_off_to_the_lab(server, page):
+    """Co-activation at N = 64 (the Ising fit needs at least as many examples as the 36 heads): the candidate
+    community's closure test shows its verdicts, and "Send to the ablation lab" types the community into the lab."""
+    title = "Co-activation"
+    page.goto(f"{server}/coactivation?model={MODEL}&n=64&seq_len=64")
+    wait_until_idle(page, title)
+    assert_no_error(page)
+    for key in ("coact_graph", "coact_heatmap", "coact_ari"):
+        assert page.locator(f".st-key-{key} .js-plotly-plot").count() == 1, key
+    chosen = page.locator('input[aria-label="Community (or click a node on the graph)"]').input_value()
+    assert "(candidate)" in chosen, chosen  # "community 3 (candidate): L0H1, L1H4"
+    community = chosen.split("(candidate):", 1)[1].strip()
+    assert re.match(HEAD_LIST, community), community
+    click_button(page, "coact_run_closure", title)
+    page.get_by_text("Closure test of").first.wait_for(timeout=LONG_MS)
+    wait_until_idle(page, title)
+    assert_no_error(page)
+    verdicts = " ".join(page.locator('[data-testid="stAlertContainer"]').all_inner_texts())
+    assert "paper rule:" in verdicts and "reference rule:" in verdicts, verdicts
+    assert page.locator(".st-key-coact_closure_z .js-plotly-plot").count() == 1
+    screenshot(page, "coactivation")
+    click_button(page, "coact_send", title)
+    wait_until_idle(page, "Ablation lab")
+    assert_no_error(page)
+    typed = page.locator('input[aria-label="Heads to ablate"]').input_value()
+    assert typed.replace(" ", "") == community.replace(" ", "")
+
+
+def test_gradient_vs_causal_analysis_runs(server, page):
+    """Gradient vs causal on the quick zoo's reverse-hhg with 2 OOD batches and 100 evaluation examples."""
+    title = "Gradient vs causal"
+    page.goto(f"{server}/attribution?model=reverse-hhg&n=32")
+    wait_until_idle(page, title)
+    assert_no_error(page)
+    set_number(page, "OOD batches for G", 2, title)
+    page.get_by_text("Evaluation details").first.click()
+    set_number(page, "Evaluation examples per accuracy", 100, title)
+    click_button(page, "attr_run", title)
+    page.locator(".st-key-attr_scatter .js-plotly-plot").first.wait_for(timeout=LONG_MS)
+    wait_until_idle(page, title)
+    assert_no_error(page)
+    labels = " ".join(page.locator('[data-testid="stMetricLabel"]').all_inner_texts())
+    assert "Spearman" in labels and "hidden heroes" in labels, labels
+    assert page.locator(".st-key-attr_joint .js-plotly-plot").count() == 1
+    assert page.locator(".st-key-attr_run button").first.is_disabled()  # the result is kept: not computed twice
+    page.get_by_text("Evaluation details").first.click()  # fold the expander back for the screenshot
+    wait_until_idle(page, title)
+    screenshot(page, "attribution")
+
+
+def test_proposers_vs_disposer_runs_and_hands_a_proposal_to_the_lab(server, page):
+    """All four proposers judged by one closure test (5 controls each); a proposal goes to the ablation lab."""
+    title = "Proposers vs disposer"
+    page.goto(f"{server}/proposers?{QUERY}")
+    wait_until_idle(page, title)
+    assert_no_error(page)
+    set_number(page, "Random controls per proposal", 5, title)
+    click_button(page, "pvd_run", title)
+    page.locator(".st-key-pvd_fig .js-plotly-plot").first.wait_for(timeout=LONG_MS)
+    wait_until_idle(page, title)
+    assert_no_error(page)
+    alerts = " ".join(page.locator('[data-testid="stAlertContainer"]').all_inner_texts())
+    assert "Survive closure" in alerts or "No proposal survives closure" in alerts, alerts
+    screenshot(page, "proposers")
+    click_button(page, "pvd_send_pattern-screen", title)
+    wait_until_idle(page, "Ablation lab")
+    assert_no_error(page)
+    assert re.match(HEAD_LIST, page.locator('input[aria-label="Heads to ablate"]').input_value())
+
+
+def test_training_dynamics_form_vs_function(server, page):
+    """Training dynamics: timing and identification figures, then form vs function at the first and last checkpoint."""
+    from core.models import ModelRef, list_checkpoints
+
+    title = "Training dynamics"
+    page.goto(f"{server}/dynamics?{QUERY}")
+    wait_until_idle(page, title)
+    assert_no_error(page)
+    for key in ("dyn_timing", "dyn_identification"):
+        assert page.locator(f".st-key-{key} .js-plotly-plot").count() == 1, key
+    set_number(page, "Test every n-th checkpoint (the last always)", len(list_checkpoints(ModelRef.parse(MODEL))), title)
+    run = page.locator(".st-key-dyn_run_form_function button").first
+    assert "at 2 checkpoints" in run.inner_text()
+    click_button(page, "dyn_run_form_function", title)
+    page.locator(".st-key-dyn_form_function .js-plotly-plot").first.wait_for(timeout=LONG_MS)
+    wait_until_idle(page, title)
+    assert_no_error(page)
+    screenshot(page, "dynamics")
