@@ -17,6 +17,7 @@ PAGES = [
     st.Page("pages/coactivation.py", title="Co-activation", icon=":material/hub:", url_path="coactivation"),
     st.Page("pages/proposers.py", title="Proposers vs disposer", icon=":material/gavel:", url_path="proposers"),
     st.Page("pages/attribution.py", title="Gradient vs causal", icon=":material/compare_arrows:", url_path="attribution"),
+    st.Page("pages/dynamics.py", title="Training dynamics", icon=":material/timeline:", url_path="dynamics"),
 ]
 
 st.navigation(PAGES).run()

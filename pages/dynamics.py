@@ -1,0 +1,179 @@
+"""Training dynamics: when a circuit forms, when the recipe can already name it, whether it carries over
+between seeds and across a data shift, and how its form (selectivity) and function (closure) relate."""
+
+import pandas as pd
+import streamlit as st
+
+from core.dynamics import (DEFAULT_MARGIN, FORM_FUNCTION_LABELS, IDENTIFIABLE_BAND, continued_from, cross_seed_matrix,
+                           data_shift_jaccard, form_vs_function, training_trajectories)
+from core.errors import HeadLabError
+from core.figures_dynamics import (cross_seed_figure, data_shift_figure, form_function_figure, identification_figure,
+                                   timing_figure)
+from core.heads import head_name, parse_heads
+from core.models import ModelRef, list_zoo, read_manifest
+from pages._shared import (bound, format_tokens, guarded, model_stamp, require_workspace, screen_report, show_figure,
+                           spec_from_json)
+
+DEFINITIONS = {"entropy": "entropy effective rank", "classic": "classic PR"}
+
+
+@st.cache_data(show_spinner="Reading every checkpoint's head statistics...", max_entries=16)
+def cached_trajectories(model_name: str, spec_json: str, definition: str, stamp: str):
+    return training_trajectories(ModelRef.parse(model_name), spec_from_json(spec_json), definition)
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def cached_cross_seed(models: tuple[str, ...], spec_json: str, n_controls: int, stamps: tuple[str, ...]):
+    return cross_seed_matrix([ModelRef.parse(m) for m in models], spec_from_json(spec_json), n_controls=n_controls)
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def cached_form_function(model_name: str, spec_json: str, circuit: str, n_controls: int, revisions: tuple[str, ...],
+                         stamp: str):
+    ref = ModelRef.parse(model_name)
+    traj = cached_trajectories(model_name, spec_json, "entropy", stamp)
+    return form_vs_function(ref, parse_heads(circuit), spec_from_json(spec_json), traj, n_controls=n_controls,
+                            revisions=list(revisions))
+
+
+def same_shape_models(shape: tuple[int, int], tasks: tuple[str, ...] = ("induction",)) -> list[str]:
+    """Zoo models trained on one of `tasks` with this shape (other seeds, continued runs)."""
+    out = []
+    for name in list_zoo():
+        try:
+            manifest = read_manifest(name)
+            model = manifest["config"]["model"]
+        except (HeadLabError, KeyError, TypeError):
+            continue
+        if manifest.get("task") in tasks and (model.get("n_layers"), model.get("n_heads")) == shape:
+            out.append(name)
+    return out
+
+
+st.title("Training dynamics")
+ws = require_workspace()
+if ws.task != "induction":
+    st.info("Training dynamics follow the induction circuit (selectivity to p+1): choose the **induction** probe "
+            "task in the sidebar.")
+    st.stop()
+
+c1, c2 = st.columns([2, 1])
+st.session_state.setdefault("pr_definition", "entropy")
+with c1:
+    definition = bound(st.radio, "PR definition", "pr_definition", list(DEFINITIONS), horizontal=True,
+                       format_func=lambda d: DEFINITIONS[d])
+margin = float(c2.number_input("PR-rise margin (PR units above its running minimum)", min_value=0.01, max_value=100.0,
+                               value=DEFAULT_MARGIN, step=0.1, key="dyn_margin"))
+guarded(lambda: screen_report(ws, definition))  # fills the HeadStats cache with a progress bar the first time
+traj = guarded(lambda: cached_trajectories(ws.model_name, ws.spec_json, definition, ws.stamp))
+n_layers, n_heads = traj.shape
+final = traj.final_circuit
+names = [head_name((l, h)) for l in range(n_layers) for h in range(n_heads)]
+picked = st.multiselect("Heads to follow (default: the final induction circuit)", names,
+                        default=[head_name(h) for h in final], key=f"dyn_heads-{ws.model_name}")
+heads = parse_heads(",".join(picked)).heads if picked else ()
+st.caption(f"Membership: induction selectivity against the uniform baseline ≥ {traj.induction_threshold:.3g}x "
+           f"(50x at T = 256, scaled to this probe length). Final circuit of {ws.model_name}: **{final or 'none'}**.")
+
+# ------------------------------------------------------------------ 1. timing
+st.subheader("PR rise and threshold crossing")
+if not heads:
+    st.info("No heads chosen (and no head reaches the membership threshold at the final checkpoint): pick heads above.")
+else:
+    timing = traj.timing(heads, margin)
+    show_figure(timing_figure(traj, heads, margin), "dyn_timing")
+    st.dataframe(pd.DataFrame([{
+        "head": head_name(t.head), "PR rise": format_tokens(int(t.rise.tokens)) if t.rise.tokens is not None else "never",
+        "threshold crossing": format_tokens(int(t.crossing.tokens)) if t.crossing.tokens is not None else "never",
+        "lead (decades of tokens)": t.lead_decades, "PR rises first": t.rise_first} for t in timing]),
+        hide_index=True, width="stretch")
+
+# ------------------------------------------------------------------ 2. identification
+st.subheader("When does the recipe already return the final circuit?")
+ident = traj.identification()
+m1, m2, m3 = st.columns(3)
+m1.metric("earliest identifying checkpoint",
+          "never" if ident.first.tokens is None else format_tokens(int(ident.first.tokens)),
+          help="The first checkpoint t at which the recipe run on checkpoints up to t returns the final circuit "
+               "(Jaccard 1).")
+m2.metric("fraction of training tokens", "—" if ident.first_fraction is None else f"{ident.first_fraction:.3%}",
+          help=f"[SPC]: identifiable from {IDENTIFIABLE_BAND[0]:.1%}-{IDENTIFIABLE_BAND[1]:.0%} of the tokens.")
+m3.metric("stable from", "—" if ident.stable_fraction is None else f"{ident.stable_fraction:.3%}",
+          help="From this checkpoint on, every checkpoint returns the final circuit.")
+show_figure(identification_figure([(ws.model_name, ident)]), "dyn_identification")
+
+# ------------------------------------------------------------------ 3. cross-seed ablation
+st.subheader("Cross-seed ablation")
+st.caption("Each model's final circuit ablated in each model, against matched-random head sets of the target model "
+           "(same layers and counts). [SPC] finds circuits seed-specific: a circuit does little outside its own model.")
+options = sorted(set(same_shape_models((n_layers, n_heads))) | {ws.model_name})
+s1, s2 = st.columns([3, 1])
+models = s1.multiselect("Models (seeds)", options, default=options, key=f"dyn_seed_models-{ws.model_name}")
+seed_controls = int(s2.number_input("Random draws", 1, 200, 20, key="dyn_seed_controls"))
+seed_key = (tuple(models), ws.spec_json, seed_controls)
+seed_store = st.session_state.setdefault("_dyn_cross_seed", {})
+if st.button("Run cross-seed ablation", key="dyn_run_cross_seed", disabled=not models):
+    with st.spinner(f"Ablating {len(models)} circuits in {len(models)} models..."):
+        matrix = guarded(lambda: cached_cross_seed(tuple(models), ws.spec_json, seed_controls,
+                                                   tuple(model_stamp(m) for m in models)), stop=False)
+    if matrix is not None:
+        seed_store[seed_key] = matrix
+if seed_key in seed_store:
+    matrix = seed_store[seed_key]
+    show_figure(cross_seed_figure(matrix), "dyn_cross_seed")
+    for a, row in enumerate(matrix.reasons):
+        for b, reason in enumerate(row):
+            if reason:
+                st.caption(f"{matrix.models[a]} in {matrix.models[b]}: {reason}")
+
+# ------------------------------------------------------------------ 4. data shift
+st.subheader("Circuit membership across a data shift")
+shape_peers = same_shape_models((n_layers, n_heads), ("induction", "shifted"))
+d1, d2 = st.columns(2)
+base_name = d1.selectbox("Base model", [ws.model_name] + sorted(set(shape_peers) - {ws.model_name}), key="dyn_shift_base")
+shift_options = [m for m in shape_peers if m != base_name]
+if not shift_options:
+    st.info(f"No other zoo model of {base_name}'s shape to compare with: the paper preset's induction-neox-shifted "
+            "continues induction-neox-s0 on another distribution (python -m core zoo --preset paper).")
+else:
+    default_shift = next((m for m in shift_options if continued_from(m) == base_name), None)
+    shifted_name = d2.selectbox("Continued on other data", shift_options,
+                                index=shift_options.index(default_shift) if default_shift else 0, key="dyn_shift_model")
+    if continued_from(shifted_name) != base_name:
+        st.caption(f"{shifted_name} does not continue {base_name}: this compares two independent models.")
+    base_traj = guarded(lambda: cached_trajectories(base_name, ws.spec_json, definition, model_stamp(base_name)),
+                        stop=False)
+    shifted_traj = guarded(lambda: cached_trajectories(shifted_name, ws.spec_json, definition,
+                                                       model_stamp(shifted_name)), stop=False)
+    if base_traj is not None and shifted_traj is not None:
+        shift = guarded(lambda: data_shift_jaccard(base_traj, shifted_traj), stop=False)
+        if shift is not None:
+            st.metric("Jaccard of the final circuits", f"{shift.jaccard:.2f}", help="[SPC]: 1.00 across a data shift.")
+            show_figure(data_shift_figure(shift), "dyn_data_shift")
+
+# ------------------------------------------------------------------ 5. form vs function
+st.subheader("Form vs function over training")
+st.caption("At each checkpoint the chosen heads are ablated against random head sets (closure test, paper rule: every "
+           "delta damaging and z(target logit) < −1.8) and their mean membership selectivity is compared with the "
+           "threshold. [CVC] finds function without form and form without function.")
+f1, f2 = st.columns(2)
+ff_controls = int(f1.number_input("Random draws per checkpoint", 1, 100, 5, key="dyn_ff_controls"))
+stride = int(f2.number_input("Test every n-th checkpoint (the last always)", 1, max(1, len(traj.revisions)), 1,
+                             key="dyn_ff_stride"))
+chosen_revisions = tuple(sorted(set(traj.revisions[::stride]) | {traj.revisions[-1]}, key=traj.revisions.index))
+ff_key = (ws.model_name, ws.spec_json, ",".join(head_name(h) for h in heads), ff_controls, chosen_revisions)
+ff_store = st.session_state.setdefault("_dyn_form_function", {})
+if st.button(f"Run the closure test at {len(chosen_revisions)} checkpoints", key="dyn_run_form_function",
+             disabled=not heads):
+    with st.spinner("Ablating the heads at every chosen checkpoint..."):
+        ff = guarded(lambda: cached_form_function(ws.model_name, ws.spec_json, ff_key[2], ff_controls, chosen_revisions,
+                                                  ws.stamp), stop=False)
+    if ff is not None:
+        ff_store[ff_key] = ff
+if ff_key in ff_store:
+    ff = ff_store[ff_key]
+    counts = ff.counts()
+    cols = st.columns(len(FORM_FUNCTION_LABELS))
+    for col, label in zip(cols, FORM_FUNCTION_LABELS):
+        col.metric(label, counts[label])
+    show_figure(form_function_figure(ff), "dyn_form_function")
