@@ -105,8 +105,7 @@ def rank_scatter(result: AttributionResult) -> FigureBundle:
     rho = "undefined" if result.rho is None else f"{result.rho:.2f}"
     ticks = list(range(1, n + 1, max(1, n // 10)))
     fig.update_layout(template=SCREEN, height=520,
-                      title=f"{result.model}: gradient rank vs causal rank (ρ = {rho})<br><sup>above the band: gradient "
-                            "bloats (large gradient, small effect); below: hidden heroes</sup>",
+                      title=f"{result.model}: G rank vs C rank, ρ = {rho}",
                       xaxis_title="causal rank (C: drop in OOD exact match; 1 = smallest)",
                       yaxis_title="gradient rank (G; 1 = smallest)", hovermode="closest")
     fig.update_xaxes(range=edge, tickmode="array", tickvals=ticks, constrain="domain")
@@ -115,7 +114,8 @@ def rank_scatter(result: AttributionResult) -> FigureBundle:
     rows = tuple({"component": c, "layer": layers[i], "head": parse_component(c)[1], "kind": "mlp" if is_mlp[i] else "head",
                   "G": float(result.G[i]), "C": float(result.C[i]), "rank_G": float(rank_g[i]), "rank_C": float(rank_c[i]),
                   "d": float(d[i]), "class": result.classes[i]} for i, c in enumerate(comps))
-    caption = (f"band: aligned components, |d| < {t:g} with d = rank_G − rank_C ({_rule_text(t, rule)}); "
+    caption = (f"above the band: gradient bloats (large gradient, small effect); below: hidden heroes. "
+               f"band: aligned components, |d| < {t:g} with d = rank_G − rank_C ({_rule_text(t, rule)}); "
                f"labelled: heroes and bloats; colour: layer; ◆ MLP. OOD length {result.ood_length} "
                f"(clean exact match {result.clean_accuracy:.2f}); {_settings_text(result.settings)}.")
     prov = provenance(figure="rank_scatter", model=result.model, revision=result.revision, task=result.task,
@@ -167,11 +167,11 @@ def joint_ablation_bars(result: AttributionResult) -> FigureBundle:
         rows.append({"kind": joint.kind, "bar": "joint", "component": ",".join(members), "damage": joint.joint_damage,
                      "ratio_to_mean": joint.ratio_to_mean, "ratio_to_sum": joint.ratio_to_sum, "reason": joint.reason})
     fig.update_annotations(font_size=11)
-    fig.update_layout(template=SCREEN, height=400, title=f"{result.model}: ablated alone vs together "
-                      f"(OOD length {result.ood_length}, {result.settings.ablation_mode} ablation)",
-                      bargap=0.25, margin=dict(t=110))
+    fig.update_layout(template=SCREEN, height=420, title=f"{result.model}: alone vs together",
+                      bargap=0.25, margin=dict(t=130))
     fig.update_xaxes(tickangle=-45)
-    caption = ("damage = clean OOD exact match − exact match with the component(s) ablated; colour: layer; "
+    caption = (f"OOD length {result.ood_length}, {result.settings.ablation_mode} ablation. "
+               "damage = clean OOD exact match − exact match with the component(s) ablated; colour: layer; "
                "grey: the sum of the single damages; orange: all ablated together (joint / sum > 1: superadditive); "
                "dotted: the clean accuracy.")
     prov = provenance(figure="joint_ablation_bars", model=result.model, revision=result.revision, task=result.task,
@@ -182,7 +182,7 @@ def joint_ablation_bars(result: AttributionResult) -> FigureBundle:
                         (PAPER_WIDTH, PAPER_HEIGHT))
 
 
-def _wrap(text: str, width: int = 48) -> str:
+def _wrap(text: str, width: int = 30) -> str:
     """Break a subplot title into lines of at most ~width characters (plotly does not wrap)."""
     words, lines, line = text.split(), [], ""
     for word in words:

@@ -173,8 +173,7 @@ def coupling_heatmap(report: Any) -> FigureBundle:
                       line=dict(color=color, width=width))
         start += size
     side = max(420, min(900, 120 + 16 * len(names)))
-    fig.update_layout(template=SCREEN, height=side, title=f"J ordered by community (k = {report.proposal.k}; "
-                      f"candidate {report.proposal.selection.candidate.cluster} outlined)")
+    fig.update_layout(template=SCREEN, height=side, title=f"J by community (k = {report.proposal.k})")
     fig.update_xaxes(tickangle=-90, showgrid=False, tickfont=dict(size=8))
     fig.update_yaxes(autorange="reversed", showgrid=False, tickfont=dict(size=8))
     rows = tuple({"row": ordered[a], "column": ordered[b], "row_community": int(labels[order[a]]),
