@@ -90,8 +90,29 @@ def _shift_pairs(preset: str) -> list[tuple[str, str]]:
     return [(t.init_from, n) for n, _, t in ZOO_PRESETS[preset] if n in preset_models(preset, "shifted")]
 
 
+def unformed_induction_seeds(preset: str) -> dict[str, float]:
+    """Finished induction seeds of `preset` that never learned induction, with their final
+    repeated-half loss: at or above the zoo's own formation target (core.train.INDUCTION_LOSS_TARGET,
+    1.0 nats). Claims about induction circuits cannot be tested on a model without one, so these
+    seeds are left out of every induction claim and listed in the report (rule fixed before any run)."""
+    from core.models import read_manifest
+    from core.train import INDUCTION_LOSS_TARGET
+
+    out = {}
+    for name in preset_models(preset, "induction"):
+        try:
+            manifest = read_manifest(name)
+        except HeadLabError:
+            continue  # not trained: run_claim says so
+        loss = (manifest.get("final") or {}).get("induction_loss")
+        if manifest.get("complete") and loss is not None and loss >= INDUCTION_LOSS_TARGET:
+            out[name] = round(float(loss), 3)
+    return out
+
+
 def _uses_induction(preset: str) -> list[str]:
-    return preset_models(preset, "induction")
+    unformed = unformed_induction_seeds(preset)
+    return [name for name in preset_models(preset, "induction") if name not in unformed]
 
 
 def _uses_shift(preset: str) -> list[str]:
@@ -543,6 +564,8 @@ class Context:
                "control_seed": self.control_seed, "ablation_mode": "zero", "pr_definition": self.definition,
                "pr_rise_margin": self.margin, "membership_threshold": "50x at T = 256, scaled to the probe length "
                "(uniform baseline)", "device": self.device}
+        if self.target in ("spectral", "closure"):
+            out["excluded_induction_seeds"] = unformed_induction_seeds(self.preset)
         if self.target == "closure":
             out["closure_controls"] = self.closure_controls
         if self.target == "attribution":
@@ -1209,6 +1232,12 @@ def report_markdown(report: ReplicationReport, writer: Optional[FigureWriter] = 
                  + (f", {report.settings.get('closure_controls')} per closure test" if report.target == "closure" else "")
                  + f" (seed {report.settings.get('control_seed')}), zero ablation at hook_z.")
     lines += [setup + " Criteria were fixed in `core/replicate.py` before the run.", ""]
+    excluded = report.settings.get("excluded_induction_seeds") or {}
+    if excluded:
+        listed = ", ".join(f"{name} (repeated-half loss {loss:g} nats)" for name, loss in excluded.items())
+        lines += [f"Left out of every induction claim: {listed}. These seeds never learned induction (final "
+                  "repeated-half loss at or above the zoo's 1.0-nat formation target), so they have no induction "
+                  "circuit to test; the rule is fixed in `unformed_induction_seeds` before any run.", ""]
     if report.figure_note:
         lines += [f"Figures: {report.figure_note} Each figure is kept as plotly JSON (`figures/*.plotly.json`) and "
                   "drawn interactively in `report.html`.", ""]

@@ -471,3 +471,22 @@ def test_a_problem_in_one_claim_is_reported_not_raised(fake_zoo, tmp_path, monke
     result, figures = rep.run_claim(claim, _context(tmp_path))
     assert result.verdict == f"{NOT_RUN}: the probe is longer than the model's context; use a shorter probe."
     assert result.measured is None and figures == []
+
+
+def test_seeds_that_never_learned_induction_are_left_out(tmp_path, monkeypatch):
+    """A finished seed whose repeated-half loss stays at or above 1.0 nats has no circuit to test."""
+    from core.workspace import zoo_dir
+
+    monkeypatch.setenv("HEADLAB_HOME", str(tmp_path))
+    checkpoints = [{"revision": "step1", "step": 1, "tokens": 64}]
+    for name, loss, complete in (("ind-a", 0.35, True), ("ind-b", 5.54, True), ("ind-c", 1.0, True), ("ind-d", 5.5, False)):
+        (zoo_dir() / name).mkdir(parents=True)
+        (zoo_dir() / name / "manifest.json").write_text(json.dumps(
+            {"name": name, "complete": complete, "checkpoints": checkpoints, "final": {"induction_loss": loss}}))
+    monkeypatch.setattr(rep, "preset_models", lambda preset, kind: ["ind-a", "ind-b", "ind-c", "ind-d", "ind-e"])
+    # ind-d is still training and ind-e not started: not judged here (run_claim reports them as not trained)
+    assert rep.unformed_induction_seeds("paper") == {"ind-b": 5.54, "ind-c": 1.0}
+    assert rep._uses_induction("paper") == ["ind-a", "ind-d", "ind-e"]
+    report = rep.ReplicationReport("spectral", "paper", (), tmp_path, 1.0,
+                                   {"probe_spec": {}, "excluded_induction_seeds": {"ind-b": 5.54}})
+    assert "Left out of every induction claim: ind-b (repeated-half loss 5.54 nats)" in rep.report_markdown(report)
