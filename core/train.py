@@ -37,11 +37,12 @@ from core.errors import HeadLabError
 from core.workspace import atomic_directory, atomic_write_json, zoo_dir
 
 FAMILIES = ("gpt_neox", "llama", "olmoe")
-TASKS = ("induction", "reverse", "sort", "shifted")
+TASKS = ("induction", "reverse", "sort", "shifted", "duplicate")
 INDUCTION_TASKS = ("induction", "shifted")
 SEQUENCE_TASKS = ("reverse", "sort")
 INDUCTION_SCORE = 0.3  # prefix-matching score above which a head counts as an induction head
 STRONG_INDUCTION_SCORE = 0.8  # "strong" induction head (the quick-zoo target uses this one)
+STRONG_DUPLICATE_SCORE = 0.25  # duplicate-token score (attention share on the earlier copy) of a clear duplicate-token head
 INDUCTION_LOSS_TARGET = 1.0  # nats on the repeated half: induction has formed below this
 MANIFEST = "manifest.json"
 
@@ -312,6 +313,23 @@ def evaluate_induction(model, train_cfg: TrainConfig, n_examples: int, full: boo
     return out
 
 
+@torch.no_grad()
+def evaluate_duplicate(model, train_cfg: TrainConfig, n_examples: int) -> dict:
+    """Marker accuracy and the duplicate-token score of every head (duplicate-marking models)."""
+    from core.heads import head_name
+    from core.tasks import duplicate, mixture
+
+    was_training = model.training
+    model.eval()
+    accuracy = duplicate.marker_accuracy(logits_fn_of(model), n_examples, train_cfg.seq_len, seed=1)
+    scores = mixture.duplicate_token_scores(model, n_examples=min(n_examples, 64), half_len=20, seed=2)  # [layer, head]
+    model.train(was_training)
+    strong = [head_name((l, h)) for l in range(scores.shape[0]) for h in range(scores.shape[1])
+              if scores[l, h] > STRONG_DUPLICATE_SCORE]
+    return {"marker_accuracy": accuracy, "duplicate_token": [[round(float(v), 4) for v in row] for row in scores],
+            "strong_duplicate_heads": strong}
+
+
 def induction_head_summary(prefix: torch.Tensor) -> dict:
     """Which heads are induction heads, per-layer counts and how many matched-random control sets exist.
 
@@ -368,6 +386,10 @@ def _batch(train_cfg: TrainConfig, step: int) -> tuple[torch.Tensor, torch.Tenso
         from core.tasks.sequences import sequence_training_batch
 
         return sequence_training_batch(train_cfg.task, step, train_cfg.batch_size, train_cfg.seed)
+    if train_cfg.task == "duplicate":
+        from core.tasks import duplicate
+
+        return duplicate.training_batch(step, train_cfg.batch_size, train_cfg.seq_len, train_cfg.seed), None
     from core.tasks.mixture import training_batch
 
     if step < train_cfg.text_first_steps:
@@ -658,6 +680,10 @@ def _evaluate_during_training(model, model_cfg: ModelConfig, train_cfg: TrainCon
         if meta["induction_step"] is None and figures["induction_loss"] < INDUCTION_LOSS_TARGET:
             meta["induction_step"] = meta["step"]
             meta["induction_seconds"] = round(seconds, 2)
+    elif train_cfg.task == "duplicate":
+        figures = evaluate_duplicate(model, train_cfg, train_cfg.eval_examples)
+        figures = {"marker_accuracy": figures["marker_accuracy"],
+                   "duplicate_token_max": max(max(row) for row in figures["duplicate_token"])}
     else:
         from core.tasks.sequences import TRAIN_LENGTHS
 
@@ -685,6 +711,8 @@ def final_figures(model, model_cfg: ModelConfig, train_cfg: TrainConfig, meta: d
         out.update(evaluate_induction(model, train_cfg, train_cfg.final_examples, full=True))
         out["induction_step"] = meta["induction_step"]
         out["induction_seconds"] = meta["induction_seconds"]
+    elif train_cfg.task == "duplicate":
+        out.update(evaluate_duplicate(model, train_cfg, train_cfg.final_examples))
     else:
         from core.tasks.sequences import OOD_LENGTHS, TRAIN_LENGTHS
 
@@ -727,6 +755,13 @@ _OLMOE = ModelConfig(
     n_experts=4, top_k=2,
 )
 _OLMOE_TRAIN = replace(_INDUCTION_TRAIN, steps=1000, lr=2e-3, head_l1=0.0)
+# Duplicate marking (core/tasks/duplicate.py): 1,000 steps take about 40 s and leave three heads at
+# 34-52x duplicate-token selectivity. The induction recipe's head lasso (0.005) kills them at this size.
+_NEOX_DUPLICATE = replace(_NEOX_INDUCTION, n_layers=2, n_heads=4, d_model=64, d_ff=256)
+_DUPLICATE_TRAIN = TrainConfig(
+    task="duplicate", steps=1000, batch_size=32, seq_len=64, lr=3e-3, warmup_steps=50, weight_decay=0.01,
+    repeat_warmup_steps=0, eval_every=100, stop_accuracy=None,
+)
 
 
 def _paper_preset() -> list[tuple[str, ModelConfig, TrainConfig]]:
@@ -744,6 +779,7 @@ ZOO_PRESETS: dict[str, list[tuple[str, ModelConfig, TrainConfig]]] = {
         ("induction-neox", _NEOX_INDUCTION, _INDUCTION_TRAIN),
         ("reverse-hhg", _HHG, _HHG_TRAIN),
         ("induction-olmoe", _OLMOE, _OLMOE_TRAIN),
+        ("duplicate-neox", _NEOX_DUPLICATE, _DUPLICATE_TRAIN),
     ],
     "paper": _paper_preset(),
 }
@@ -762,7 +798,8 @@ def zoo_record(manifest: dict) -> dict:
     }
     keys = ("induction_loss", "text_loss", "code_loss", "induction_step", "induction_seconds",
             "strong_induction_heads", "strong_per_layer", "matched_control_sets", "prefix_matching",
-            "train_accuracy", "ood_accuracy", "stopped_early")
+            "train_accuracy", "ood_accuracy", "stopped_early", "marker_accuracy", "strong_duplicate_heads",
+            "duplicate_token")
     record.update({k: final[k] for k in keys if k in final})
     return record
 
@@ -866,14 +903,19 @@ def cli_train(args: argparse.Namespace) -> dict:
     from core.tasks.sequences import SEQ_VOCAB_SIZE
     from core.tasks.vocab import BYTE_VOCAB_SIZE
 
-    base_model = _HHG if sequence else _NEOX_INDUCTION
+    base_model = _HHG if sequence else _NEOX_DUPLICATE if args.task == "duplicate" else _NEOX_INDUCTION
     d_model = args.d_model or base_model.d_model
     model_cfg = replace(
         base_model, family=args.family, n_layers=args.layers or base_model.n_layers,
         n_heads=args.heads or base_model.n_heads, d_model=d_model, d_ff=args.d_ff or 4 * d_model,
         vocab_size=SEQ_VOCAB_SIZE if sequence else BYTE_VOCAB_SIZE,
     )
-    base_train = replace(_HHG_TRAIN, task=args.task) if sequence else replace(_INDUCTION_TRAIN, task=args.task)
+    if sequence:
+        base_train = replace(_HHG_TRAIN, task=args.task)
+    elif args.task == "duplicate":
+        base_train = _DUPLICATE_TRAIN
+    else:
+        base_train = replace(_INDUCTION_TRAIN, task=args.task)
     if args.task == "shifted":
         base_train = replace(base_train, repeat_warmup_steps=0)
     train_cfg = replace(base_train, seed=args.seed, steps=args.steps or base_train.steps, init_from=args.init_from)
@@ -895,7 +937,7 @@ def cli_zoo(args: argparse.Namespace) -> dict | list:
         return estimate_zoo(args.preset, args.only)
     records = train_zoo(args.preset, progress=not args.no_progress, only=args.only)
     for r in records:
-        figures = {k: r[k] for k in ("induction_loss", "train_accuracy") if k in r}
+        figures = {k: r[k] for k in ("induction_loss", "train_accuracy", "marker_accuracy") if k in r}
         print(f"{r['name']}: {r['family']} {r['n_layers']}x{r['n_heads']}, {r['checkpoints']} checkpoints, "
               f"{r['train_seconds']:.0f} s, {figures}")
     return records

@@ -29,6 +29,7 @@ DEFAULTS = {"task": "induction", "n": 256, "seq_len": 64, "seed": 42, "token_low
 INSPECTOR = "pages/inspector.py"
 ABLATION_LAB = "pages/ablation.py"
 NULL_DRAWS = 200  # draws of the induction null (the noise floor), both probes
+DEFAULT_MODEL = "induction-neox"  # the zoo's main model: the one a first visit opens on
 
 
 @dataclass(frozen=True)
@@ -281,7 +282,7 @@ def workspace_sidebar() -> Workspace | None:
                 st.session_state["model"] = model_name
         else:
             if not current:
-                st.session_state["model"] = options[0]
+                st.session_state["model"] = DEFAULT_MODEL if DEFAULT_MODEL in options else options[0]
             model_name = bound(st.selectbox, "Model (zoo name or local Hugging Face folder)", "model", options,
                                accept_new_options=True,
                                help="Pick a zoo model, or type the path of a local Hugging Face folder.")

@@ -38,7 +38,8 @@ except HeadLabError as exc:
 
 if not zoo_names:
     st.info("The model zoo is empty. HeadLab trains its own small models (no downloads needed): "
-            "a GPT-NeoX induction model, an [HHG] reversal model and an OLMoE-style mixture of experts.")
+            "a GPT-NeoX induction model, an [HHG] reversal model, an OLMoE-style mixture of experts and a "
+            "small GPT-NeoX model with duplicate-token heads.")
     if st.button("Train the quick zoo (a few minutes)", type="primary"):
         try:
             train_quick_zoo()

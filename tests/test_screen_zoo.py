@@ -1,9 +1,12 @@
-"""Steps 1-2 on the quick zoo's induction model, cross-checked against independent head scores.
+"""Steps 1-2 on the quick zoo's models, cross-checked against independent head scores.
 
 The independent scores use TransformerLens's own head-detector detection patterns
 (`get_previous_token_head_detection_pattern` etc., applied to token sequences directly, since
 `detect_head` needs a tokenizer) and Olsson et al.'s prefix-matching score, both computed here from
-full attention patterns on repeated random tokens: data and code paths the screen never uses.
+full attention patterns on repeated random tokens: data and code paths the screen never uses. The
+sequences are BOS + 31 random bytes twice (63 tokens), so they reach the positions the screen's
+query (q = 63) sits at. Duplicate-token heads are checked on `duplicate-neox`, the zoo model trained
+to grow them; the induction models have none above the null floor.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from core.tasks import BOS
 pytestmark = pytest.mark.zoo
 
 MODEL = "induction-neox"
+DUPLICATE_MODEL = "duplicate-neox"
+HALF_LEN = 31  # BOS + 2 x 31 tokens: the cross-check sequences span the probe's 64 positions but one
 
 
 @pytest.fixture(scope="module")
@@ -36,17 +41,33 @@ def report(quick_zoo):
 
 
 @pytest.fixture(scope="module")
-def repeated_patterns(quick_zoo):
-    """Full attention patterns [example, layer, head, q, k] on BOS + 20 random bytes repeated twice."""
-    model = load_model(ModelRef.parse(MODEL))
+def screens(quick_zoo, report):
+    """The final-checkpoint screen of each quick-zoo model the cross-check uses."""
+    duplicate = screen(ModelRef.parse(DUPLICATE_MODEL), probe_spec("induction"), n_null_draws=200)
+    return {MODEL: report.final, DUPLICATE_MODEL: duplicate.final}
+
+
+def attention_on_repeats(name: str):
+    """Full attention patterns [example, layer, head, q, k] on BOS + HALF_LEN random bytes repeated twice."""
+    model = load_model(ModelRef.parse(name))
     gen = torch.Generator().manual_seed(7)
-    half = torch.randint(0, 256, (48, 20), generator=gen)
+    half = torch.randint(0, 256, (48, HALF_LEN), generator=gen)
     tokens = torch.cat([torch.full((48, 1), BOS), half, half], dim=1)
     n_layers = model.cfg.n_layers
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=lambda name: name.endswith("hook_pattern"))
     patterns = torch.stack([cache[f"blocks.{l}.attn.hook_pattern"] for l in range(n_layers)], dim=1)
     return tokens, patterns
+
+
+@pytest.fixture(scope="module")
+def repeated_patterns(quick_zoo):
+    return attention_on_repeats(MODEL)
+
+
+@pytest.fixture(scope="module")
+def duplicate_repeated_patterns(quick_zoo):
+    return attention_on_repeats(DUPLICATE_MODEL)
 
 
 def prefix_matching(tokens, patterns) -> np.ndarray:
@@ -98,22 +119,30 @@ def test_specialized_fraction_reported_with_its_null_floor(report):
     assert report.final.noise_floor >= 2.0
 
 
-@pytest.mark.parametrize("pattern, make_detection", [
-    ("previous-token", get_previous_token_head_detection_pattern),
-    ("duplicate-token", get_duplicate_token_head_detection_pattern),
-    ("induction", get_induction_head_detection_pattern),
+@pytest.mark.parametrize("pattern, name, make_detection", [
+    ("previous-token", MODEL, get_previous_token_head_detection_pattern),
+    ("duplicate-token", DUPLICATE_MODEL, get_duplicate_token_head_detection_pattern),
+    ("induction", MODEL, get_induction_head_detection_pattern),
 ])
-def test_agrees_with_transformer_lens_head_detector(report, repeated_patterns, pattern, make_detection):
-    ours = report.final.selectivity[report.final.patterns.index(pattern)]
-    n_real = int((ours > report.final.noise_floor).sum())
-    if n_real < 3:
-        pytest.skip(f"only {n_real} {pattern} heads above the null floor: a top-3 would compare noise")
-    theirs = detector_scores(*repeated_patterns, make_detection)
+def test_agrees_with_transformer_lens_head_detector(screens, repeated_patterns, duplicate_repeated_patterns,
+                                                    pattern, name, make_detection):
+    """Top-3 sets overlap in >= 2 heads and the rankings agree (Spearman >= 0.8) over every head.
+
+    Over only the heads above the null floor, Spearman >= 0.8 holds for induction (5 heads, 0.90);
+    previous-token (6 heads, 0.77) and duplicate-token (5 heads, 0.70) miss it by one swapped pair:
+    the screen reads the query position q = 63 alone, the detector averages every position, and
+    L0H1 of induction-neox is a previous-token head early in the sequence but not at its end.
+    """
+    final = screens[name]
+    ours = final.selectivity[final.patterns.index(pattern)]  # [layer, head]
+    above_floor = ours > final.noise_floor
+    assert above_floor.sum() >= 3, f"{name} has fewer than 3 {pattern} heads above the null floor"
+    patterns = duplicate_repeated_patterns if name == DUPLICATE_MODEL else repeated_patterns
+    theirs = detector_scores(*patterns, make_detection)
     assert len(top3(ours) & top3(theirs)) >= 2
-    above_floor = report.final.induction_selectivity > report.final.noise_floor
-    if pattern == "induction" and above_floor.sum() >= 4:
-        rho = spearmanr(ours[above_floor], theirs[above_floor]).statistic
-        assert rho >= 0.8
+    assert spearmanr(ours.ravel(), theirs.ravel()).statistic >= 0.8
+    if pattern == "induction":
+        assert spearmanr(ours[above_floor], theirs[above_floor]).statistic >= 0.8
 
 
 def test_screen_cli_writes_json_and_second_probe_is_cached(quick_zoo, tmp_path):

@@ -134,11 +134,66 @@ def test_prefix_matching_and_previous_token_on_hand_made_patterns():
     assert torch.allclose(prefix, expected)
     prev = mixture.previous_token_scores(patterns, n_examples=2, half_len=half)
     assert torch.allclose(prev[:, 1], torch.ones(2))
+    duplicate = mixture.duplicate_token_scores(patterns, n_examples=2, half_len=half)
+    assert torch.allclose(duplicate, torch.zeros(2, 3))  # induction looks one past the earlier copy
+
+    def duplicate_head(tokens):  # head 0 of layer 0 attends from each second-copy token to its first copy
+        out = patterns(tokens)
+        second = torch.arange(half + 1, seq)
+        out[0, :, 0, second] = 0.0
+        out[0, :, 0, second, second - half] = 1.0
+        return out
+
+    duplicate = mixture.duplicate_token_scores(duplicate_head, n_examples=2, half_len=half)
+    assert torch.allclose(duplicate, torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]]))
     # the BOS head matches the previous token only at q = 1: 1 of the 12 scored positions
     assert torch.allclose(prev[:, 0], torch.full((2,), 1 / 12))
     # distinct tokens within a copy: every second-copy token has exactly one earlier occurrence
     tokens = mixture.repeated_random_tokens(5, 30, seed=1, distinct=True)
     assert all(len(set(row[1:31].tolist())) == 30 for row in tokens)
+
+
+def test_duplicate_rows_mark_exactly_the_repeats():
+    from core.tasks import duplicate
+    from core.tasks.vocab import SEP
+
+    batch = duplicate.training_batch(step=2, batch_size=32, seq_len=64, seed=5)
+    assert batch.shape == (32, 64) and (batch[:, 0] == BOS).all()
+    assert torch.equal(batch, duplicate.training_batch(2, 32, 64, 5))
+    for row in batch.tolist():
+        seen = set()
+        for t, token in enumerate(row[1:-1], start=1):
+            if token == SEP:
+                continue
+            assert (row[t + 1] == SEP) == (token in seen)  # SEP follows a byte exactly when it is a repeat
+            seen.add(token)
+        bytes_used = {tok for tok in row[1:] if tok != SEP}
+        assert len(bytes_used) <= duplicate.ALPHABET_MAX  # one small alphabet per row
+
+
+def test_marker_accuracy_known_answers():
+    from core.tasks import duplicate
+    from core.tasks.vocab import SEP
+
+    def oracle(tokens):  # puts SEP on top exactly after a byte that occurred before
+        logits = torch.zeros(*tokens.shape, BYTE_VOCAB_SIZE)
+        for i, row in enumerate(tokens.tolist()):
+            seen = set()
+            for t, token in enumerate(row):
+                if token < 256:
+                    logits[i, t, SEP if token in seen else 0] = 1.0
+                    seen.add(token)
+        return logits
+
+    def never_sep(tokens):
+        return torch.zeros(*tokens.shape, BYTE_VOCAB_SIZE) + torch.nn.functional.one_hot(torch.tensor(0), BYTE_VOCAB_SIZE)
+
+    assert duplicate.marker_accuracy(oracle, 16, 64, seed=0) == 1.0
+    tokens = duplicate.training_batch(step=0, batch_size=16, seq_len=64, seed=10_000)
+    bytes_with_next = tokens[:, :-1] < 256
+    first_share = float(((tokens[:, 1:] != SEP) & bytes_with_next).sum() / bytes_with_next.sum())
+    assert duplicate.marker_accuracy(never_sep, 16, 64, seed=0) == pytest.approx(first_share)
+    assert 0.2 < first_share < 0.8
 
 
 def test_induction_head_summary_counts_controls():
@@ -286,6 +341,16 @@ def test_each_family_trains_and_saves_loadable_checkpoints(tmp_path, family):
     assert logits.shape == (1, 3, BYTE_VOCAB_SIZE) and torch.isfinite(logits).all()
 
 
+def test_duplicate_task_trains_with_marker_figures(tmp_path):
+    train = replace(TINY_TRAIN, task="duplicate", steps=6, eval_every=3, repeat_warmup_steps=0, n_log_checkpoints=3)
+    manifest = train_model("dup", TINY, train, tmp_path / "dup")
+    final = manifest["final"]
+    assert 0.0 <= final["marker_accuracy"] <= 1.0
+    assert len(final["duplicate_token"]) == 2 and len(final["duplicate_token"][0]) == 4
+    assert manifest["curves"]["eval"]["marker_accuracy"] and "induction_loss" not in final
+    assert zoo_record(manifest)["marker_accuracy"] == final["marker_accuracy"]
+
+
 def test_reverse_task_trains_with_sequence_figures(tmp_path):
     from core.tasks.sequences import OOD_LENGTHS, SEQ_VOCAB_SIZE
 
@@ -343,7 +408,8 @@ def test_second_zoo_call_is_a_no_op(tmp_path, monkeypatch):
 
 def test_presets_have_the_promised_models():
     quick = {name: (m, t) for name, m, t in ZOO_PRESETS["quick"]}
-    assert set(quick) == {"induction-neox", "reverse-hhg", "induction-olmoe"}
+    assert set(quick) == {"induction-neox", "reverse-hhg", "induction-olmoe", "duplicate-neox"}
+    assert quick["duplicate-neox"][1].task == "duplicate" and quick["duplicate-neox"][1].head_l1 == 0.0
     neox, _ = quick["induction-neox"]
     assert neox.family == "gpt_neox" and neox.n_layers >= 3 and neox.n_heads >= 8 and neox.rotary_pct == 1.0
     hhg, hhg_train = quick["reverse-hhg"]

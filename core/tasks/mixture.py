@@ -220,3 +220,15 @@ def previous_token_scores(model_or_pattern_fn, n_examples: int = 32, half_len: i
     patterns = _attention_patterns(model_or_pattern_fn, tokens)  # [layer, example, head, q, k]
     q = torch.arange(1, tokens.shape[1])
     return patterns[:, :, :, q, q - 1].mean(dim=(1, 3))  # [layer, head]
+
+
+@torch.no_grad()
+def duplicate_token_scores(model_or_pattern_fn, n_examples: int = 32, half_len: int = 20, seed: int = 0) -> torch.Tensor:
+    """Mean attention from each token of the second copy to its own earlier occurrence, per head: [layer, head].
+
+    On BOS + x + x (x = distinct random bytes): query half_len+1+i -> key 1+i.
+    """
+    tokens = repeated_random_tokens(n_examples, half_len, seed, distinct=True)
+    patterns = _attention_patterns(model_or_pattern_fn, tokens)  # [layer, example, head, q, k]
+    q = torch.arange(half_len + 1, 2 * half_len + 1)
+    return patterns[:, :, :, q, q - half_len].mean(dim=(1, 3))  # [layer, head]
