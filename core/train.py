@@ -19,6 +19,8 @@ Recipes (measured on 2 shared cores; details in the zoo presets below):
   the warm-up (`head_l1`) keeps the circuit to the heads it needs and lets the rest fade.
 - [HHG] reversal/sorting: 4 x 4, d_model 128, no positions, Adam 1e-3, batch 64; stop once train
   exact match reaches 90% (checked every 100 steps, confirmed on a fresh larger set).
+- Duplicate marking (`core/tasks/duplicate.py`): 2 x 4, d_model 64, 1,000 steps, no lasso; grows
+  the duplicate-token heads the induction models lack.
 """
 
 from __future__ import annotations
