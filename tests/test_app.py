@@ -105,6 +105,19 @@ def test_screen_heatmap_follows_checkpoint_and_pattern(report):
     assert not np.array_equal(seen[0], seen[1])
 
 
+def test_app_opens_on_the_induction_model_and_screens_the_duplicate_model(quick_zoo):
+    at = AppTest.from_file(APP, default_timeout=900)
+    at.query_params["n"] = str(N)
+    at.run()
+    assert at.session_state["model"] == MODEL  # not the alphabetically first zoo model
+    at = open_page(make_app("duplicate-neox"), "screen")
+    next(r for r in at.radio if r.label == "Pattern").set_value("duplicate-token")
+    at.run()
+    assert not at.exception and errors(at) == []
+    classes = np.asarray(chart(at, "screen_classes")["data"][0]["customdata"])
+    assert (classes == "duplicate-token").sum() >= 2
+
+
 def test_spectral_page_switches_pr_definition(report):
     from core.models import ModelRef
     from core.recipe import probe_spec, screen
