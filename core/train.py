@@ -112,7 +112,6 @@ class TrainConfig:
     grad_clip: float = 1.0
     text_first_steps: int = 0  # induction only: pure text steps before the repeat warm-up
     repeat_warmup_steps: int = 500  # induction only: repeat-rich warm-up first, then the mixture
-    warmup_until_loss: float | None = None  # induction only: ... and on until the repeated-half loss is below this (nats)
     warmup_repeat_fraction: float = 1.0  # share of repeat sequences during the warm-up (1 = pure repeat)
     repeat_fraction: float = 0.5  # share of repeat sequences in the mixture after the warm-up
     seed: int = 0
@@ -383,40 +382,8 @@ def _lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * scale
 
 
-def _same_config(stored: dict | None, model_cfg: ModelConfig, train_cfg: TrainConfig) -> bool:
-    """Whether a folder's recorded config is this one. Compared as configs, not as JSON, so a field
-    added to HeadLab later (missing from older records) counts as its default, which keeps the old
-    behaviour."""
-    if stored is None:
-        return True
-    return ModelConfig.from_json(stored["model"]) == model_cfg and TrainConfig.from_json(stored["train"]) == train_cfg
-
-
-def repeat_warmup_end(train_cfg: TrainConfig, meta: dict) -> int:
-    """The step the repeat warm-up (induction tasks) ends at, as far as known now.
-
-    The warm-up is the first `repeat_warmup_steps` steps after any text-first steps. With
-    `warmup_until_loss` it goes on until an evaluation finds the repeated-half loss below that
-    (recorded as meta["warmup_end"]), and at most to half the run: a seed whose induction has not
-    begun to form when the mixture and the head lasso start can lose it for good.
-    """
-    fixed_end = train_cfg.text_first_steps + train_cfg.repeat_warmup_steps
-    if train_cfg.warmup_until_loss is None:
-        return fixed_end
-    end = meta.get("warmup_end")
-    return end if end is not None else max(fixed_end, train_cfg.steps // 2)
-
-
-def in_repeat_warmup(train_cfg: TrainConfig, step: int, meta: dict) -> bool:
-    """Whether `step` trains on the repeat warm-up stream (always False for non-induction tasks)."""
-    return train_cfg.task in INDUCTION_TASKS and train_cfg.text_first_steps <= step < repeat_warmup_end(train_cfg, meta)
-
-
-def _batch(train_cfg: TrainConfig, step: int, warmup: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Training batch for `step`: tokens [batch, seq] and a loss mask [batch, seq] (None: every position).
-
-    `warmup`: whether this step is in the repeat warm-up (in_repeat_warmup), for induction tasks.
-    """
+def _batch(train_cfg: TrainConfig, step: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Training batch for `step`: tokens [batch, seq] and a loss mask [batch, seq] (None: every position)."""
     if train_cfg.task in SEQUENCE_TASKS:
         from core.tasks.sequences import sequence_training_batch
 
@@ -429,7 +396,7 @@ def _batch(train_cfg: TrainConfig, step: int, warmup: bool = False) -> tuple[tor
 
     if step < train_cfg.text_first_steps:
         fraction, kind = 0.0, "text"
-    elif warmup:
+    elif step < train_cfg.text_first_steps + train_cfg.repeat_warmup_steps:
         fraction = train_cfg.warmup_repeat_fraction
         kind = "repeat" if fraction >= 1.0 else train_cfg.data_kind
     else:
@@ -587,7 +554,7 @@ def train_model(
     config_json = {"model": model_cfg.to_json(), "train": train_cfg.to_json()}
     existing = read_manifest(out_dir)
     if existing and existing.get("complete"):
-        if not _same_config(existing.get("config"), model_cfg, train_cfg):
+        if existing.get("config") not in (None, config_json):
             raise HeadLabError(f"{out_dir} holds a finished model with a different config; delete that folder or pick another name.")
         return existing
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -598,7 +565,7 @@ def train_model(
         weight_decay=train_cfg.weight_decay, foreach=False
     )
     meta = _load_state(model, optimizer, out_dir)
-    if meta is not None and not _same_config(meta.get("config"), model_cfg, train_cfg):
+    if meta is not None and meta.get("config") != config_json:
         raise HeadLabError(f"{out_dir} holds a run with a different config; delete that folder or pick another name.")
     if meta is None:
         meta = {
@@ -650,8 +617,7 @@ def train_model(
                 meta["train_seconds"] = seconds_before + time.perf_counter() - started
                 _save_state(model, optimizer, out_dir, meta)
                 return manifest(False)
-            warmup = in_repeat_warmup(train_cfg, step, meta)
-            tokens, mask = _batch(train_cfg, step, warmup)
+            tokens, mask = _batch(train_cfg, step)
             for group in optimizer.param_groups:
                 group["lr"] = _lr_at(step, train_cfg)
             loss = _loss(model, model_cfg, tokens, mask)
@@ -666,7 +632,7 @@ def train_model(
                 _save_state(model, optimizer, out_dir, meta)
             a = train_cfg.loss_smoothing
             meta["ema"] = value if meta["ema"] is None else (1 - a) * meta["ema"] + a * value
-            if train_cfg.head_l1 and step >= train_cfg.text_first_steps and not warmup:
+            if train_cfg.head_l1 and step >= train_cfg.text_first_steps + train_cfg.repeat_warmup_steps:
                 loss = loss + train_cfg.head_l1 * head_group_norms(model, model_cfg).sum()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -694,7 +660,7 @@ def train_model(
     meta["train_seconds"] = seconds_before + time.perf_counter() - started
     step = meta["step"]
     if not any(c["step"] == step for c in meta["checkpoints"]):
-        tokens, mask = _batch(train_cfg, step, in_repeat_warmup(train_cfg, step, meta))
+        tokens, mask = _batch(train_cfg, step)
         with torch.no_grad():
             final_loss = float(_loss(model, model_cfg, tokens, mask))
         checkpoint(step, final_loss)
@@ -716,11 +682,6 @@ def _evaluate_during_training(model, model_cfg: ModelConfig, train_cfg: TrainCon
         if meta["induction_step"] is None and figures["induction_loss"] < INDUCTION_LOSS_TARGET:
             meta["induction_step"] = meta["step"]
             meta["induction_seconds"] = round(seconds, 2)
-        if (train_cfg.warmup_until_loss is not None and meta.get("warmup_end") is None
-                and in_repeat_warmup(train_cfg, meta["step"], meta)
-                and meta["step"] >= train_cfg.text_first_steps + train_cfg.repeat_warmup_steps
-                and figures["induction_loss"] < train_cfg.warmup_until_loss):
-            meta["warmup_end"] = meta["step"]
     elif train_cfg.task == "duplicate":
         figures = evaluate_duplicate(model, train_cfg, train_cfg.eval_examples)
         figures = {"marker_accuracy": figures["marker_accuracy"],
@@ -752,7 +713,6 @@ def final_figures(model, model_cfg: ModelConfig, train_cfg: TrainConfig, meta: d
         out.update(evaluate_induction(model, train_cfg, train_cfg.final_examples, full=True))
         out["induction_step"] = meta["induction_step"]
         out["induction_seconds"] = meta["induction_seconds"]
-        out["warmup_end_step"] = repeat_warmup_end(train_cfg, meta)
     elif train_cfg.task == "duplicate":
         out.update(evaluate_duplicate(model, train_cfg, train_cfg.final_examples))
     else:
@@ -778,15 +738,9 @@ _NEOX_INDUCTION = ModelConfig(
 # head_l1: without it every layer-1 head becomes an induction head (9-14 of 12-16 score > 0.8 in every
 # width tried), leaving no matched-random controls; a light group lasso after the warm-up keeps the
 # circuit to the heads it needs (4 of 12 at 0.005) and lets the others fade.
-# warmup_until_loss: two of the six paper seeds (3 and 4) had only begun to learn induction at step
-# 500 (repeated-half loss 5.43 and 5.42 nats, chance 5.55); the mixture and the lasso then erased it
-# (5.54 at the end). Their loss falls once the warm-up runs to 1,000 steps (measured: both then form
-# induction, final 0.83 and 0.31). Half a nat below chance marks "has begun"; seeds 0 and 2 pass it
-# at step 500 (4.40, 4.99) and so train exactly as before.
 _INDUCTION_TRAIN = TrainConfig(
     task="induction", steps=2000, batch_size=32, seq_len=64, lr=3e-3, warmup_steps=50, weight_decay=0.01,
-    repeat_warmup_steps=500, warmup_until_loss=5.0, eval_every=100, stop_accuracy=None, head_l1=0.005,
-    decay_fraction=0.25,
+    repeat_warmup_steps=500, eval_every=100, stop_accuracy=None, head_l1=0.005, decay_fraction=0.25,
 )
 _HHG = ModelConfig(
     family="gpt_neox", n_layers=4, n_heads=4, d_model=128, d_ff=512, vocab_size=104, max_seq_len=64,
@@ -818,8 +772,7 @@ def _paper_preset() -> list[tuple[str, ModelConfig, TrainConfig]]:
     out += [(f"sort-hhg-s{s}", _HHG, replace(_HHG_TRAIN, task="sort", seed=s)) for s in range(10)]
     out += [("induction-olmoe", _OLMOE, _OLMOE_TRAIN)]  # the quick preset's MoE model: one folder serves both
     out += [("induction-neox-shifted", _NEOX_INDUCTION, replace(
-        _INDUCTION_TRAIN, task="shifted", steps=1000, repeat_warmup_steps=0, warmup_until_loss=None,
-        init_from="induction-neox-s0"))]
+        _INDUCTION_TRAIN, task="shifted", steps=1000, repeat_warmup_steps=0, init_from="induction-neox-s0"))]
     return out
 
 
@@ -966,7 +919,7 @@ def cli_train(args: argparse.Namespace) -> dict:
     else:
         base_train = replace(_INDUCTION_TRAIN, task=args.task)
     if args.task == "shifted":
-        base_train = replace(base_train, repeat_warmup_steps=0, warmup_until_loss=None)
+        base_train = replace(base_train, repeat_warmup_steps=0)
     train_cfg = replace(base_train, seed=args.seed, steps=args.steps or base_train.steps, init_from=args.init_from)
     manifest = train_model(args.name, model_cfg, train_cfg, zoo_dir() / args.name, progress=not args.no_progress)
     return zoo_record(manifest)

@@ -319,14 +319,6 @@ def test_resume_after_interruption_is_bit_identical(tmp_path):
     with pytest.raises(HeadLabError, match="different config"):
         train_model("full", TINY, replace(cfg, lr=2e-3), tmp_path / "full")
     assert train_model("full", TINY, cfg, tmp_path / "full")["checkpoints"] == full["checkpoints"]
-    # a record written before a config field existed matches when the field is at its (old-behaviour) default
-    manifest_path = tmp_path / "full" / "manifest.json"
-    record = json.loads(manifest_path.read_text())
-    del record["config"]["train"]["warmup_until_loss"]
-    manifest_path.write_text(json.dumps(record))
-    assert train_model("full", TINY, cfg, tmp_path / "full")["checkpoints"] == full["checkpoints"]
-    with pytest.raises(HeadLabError, match="different config"):
-        train_model("full", TINY, replace(cfg, warmup_until_loss=5.0), tmp_path / "full")
 
 
 @pytest.mark.parametrize("family", ["gpt_neox", "llama", "olmoe"])
@@ -347,23 +339,6 @@ def test_each_family_trains_and_saves_loadable_checkpoints(tmp_path, family):
     assert tokenizer.decode([104, 105]) == "hi"
     logits = model(torch.tensor([[BOS, 97, 98]])).logits
     assert logits.shape == (1, 3, BYTE_VOCAB_SIZE) and torch.isfinite(logits).all()
-
-
-def test_repeat_warmup_runs_until_the_loss_falls(tmp_path):
-    from core.train import in_repeat_warmup, repeat_warmup_end
-
-    fixed = replace(TINY_TRAIN, steps=100, repeat_warmup_steps=8)
-    until = replace(fixed, warmup_until_loss=5.0)
-    assert repeat_warmup_end(fixed, {}) == 8 and not in_repeat_warmup(fixed, 8, {})
-    assert repeat_warmup_end(until, {}) == 50  # not fallen yet: at most half the run
-    assert in_repeat_warmup(until, 30, {}) and not in_repeat_warmup(until, 50, {})
-    assert repeat_warmup_end(until, {"warmup_end": 20}) == 20 and not in_repeat_warmup(until, 20, {"warmup_end": 20})
-    assert not in_repeat_warmup(replace(until, task="reverse"), 3, {})
-    # in a real run the first evaluation after the fixed warm-up with a loss below the bar ends it
-    easy = replace(TINY_TRAIN, steps=40, repeat_warmup_steps=8, eval_every=10, warmup_until_loss=100.0)
-    never = replace(easy, warmup_until_loss=0.0)
-    assert train_model("easy", TINY, easy, tmp_path / "easy")["final"]["warmup_end_step"] == 10
-    assert train_model("never", TINY, never, tmp_path / "never")["final"]["warmup_end_step"] == 20
 
 
 def test_duplicate_task_trains_with_marker_figures(tmp_path):
