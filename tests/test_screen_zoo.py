@@ -100,7 +100,7 @@ def top3(scores: np.ndarray) -> set:
 
 def test_candidate_circuit_is_the_top_prefix_matching_heads(report, repeated_patterns):
     circuit = set(report.candidate_circuit)
-    assert circuit, "no head reached 50x induction selectivity"
+    assert circuit, "no head reached the membership threshold (50x scaled to the probe length)"
     pm = prefix_matching(*repeated_patterns)
     best_outside = max(pm[h] for h in np.ndindex(pm.shape) if h not in circuit)
     assert min(pm[h] for h in circuit) > best_outside
@@ -128,10 +128,11 @@ def test_agrees_with_transformer_lens_head_detector(screens, repeated_patterns, 
                                                     pattern, name, make_detection):
     """Top-3 sets overlap in >= 2 heads and the rankings agree (Spearman >= 0.8) over every head.
 
-    Over only the heads above the null floor, Spearman >= 0.8 holds for induction (5 heads, 0.90);
-    previous-token (6 heads, 0.77) and duplicate-token (5 heads, 0.70) miss it by one swapped pair:
-    the screen reads the query position q = 63 alone, the detector averages every position, and
-    L0H1 of induction-neox is a previous-token head early in the sequence but not at its end.
+    Over only the heads above the null floor, Spearman >= 0.8 holds for induction (5 heads, 0.90)
+    but not for previous-token (6 heads, 0.77) or duplicate-token (5 heads, 0.70). The screen reads
+    the query position q = 63 alone and the detector averages every position: L0H1 of
+    induction-neox is a previous-token head early in the sequence but not at its end. Two of the
+    duplicate-token heads sit just above the floor (2.8x, 3.4x) and rank in noise.
     """
     final = screens[name]
     ours = final.selectivity[final.patterns.index(pattern)]  # [layer, head]
