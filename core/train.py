@@ -116,6 +116,7 @@ class TrainConfig:
     repeat_warmup_steps: int = 500  # induction only: repeat-rich warm-up first, then the mixture
     warmup_repeat_fraction: float = 1.0  # share of repeat sequences during the warm-up (1 = pure repeat)
     repeat_fraction: float = 0.5  # share of repeat sequences in the mixture after the warm-up
+    mixture_chunk_max: int = 32  # longest repeated chunk after the warm-up (the warm-up keeps 8-32)
     seed: int = 0
     stop_accuracy: float | None = 0.9  # reverse/sort: stop once train exact match reaches this
     eval_every: int = 100  # steps between evaluations (and early-stop checks)
@@ -384,6 +385,15 @@ def _lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * scale
 
 
+def _same_config(stored: dict | None, model_cfg: ModelConfig, train_cfg: TrainConfig) -> bool:
+    """Whether a folder's recorded config is this one. Compared as configs, not as JSON, so a field
+    added to HeadLab later (missing from older records) counts as its default, which keeps the old
+    behaviour."""
+    if stored is None:
+        return True
+    return ModelConfig.from_json(stored["model"]) == model_cfg and TrainConfig.from_json(stored["train"]) == train_cfg
+
+
 def _batch(train_cfg: TrainConfig, step: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Training batch for `step`: tokens [batch, seq] and a loss mask [batch, seq] (None: every position)."""
     if train_cfg.task in SEQUENCE_TASKS:
@@ -394,16 +404,18 @@ def _batch(train_cfg: TrainConfig, step: int) -> tuple[torch.Tensor, torch.Tenso
         from core.tasks import duplicate
 
         return duplicate.training_batch(step, train_cfg.batch_size, train_cfg.seq_len, train_cfg.seed), None
-    from core.tasks.mixture import training_batch
+    from core.tasks import mixture
 
+    chunk_max = mixture.CHUNK_MAX  # 8-32 byte repeats until the warm-up ends: induction forms fastest on them
     if step < train_cfg.text_first_steps:
         fraction, kind = 0.0, "text"
     elif step < train_cfg.text_first_steps + train_cfg.repeat_warmup_steps:
         fraction = train_cfg.warmup_repeat_fraction
         kind = "repeat" if fraction >= 1.0 else train_cfg.data_kind
     else:
-        fraction, kind = train_cfg.repeat_fraction, train_cfg.data_kind
-    tokens = training_batch(kind, step, train_cfg.batch_size, train_cfg.seq_len, train_cfg.seed, repeat_fraction=fraction)
+        fraction, kind, chunk_max = train_cfg.repeat_fraction, train_cfg.data_kind, train_cfg.mixture_chunk_max
+    tokens = mixture.training_batch(kind, step, train_cfg.batch_size, train_cfg.seq_len, train_cfg.seed,
+                                    repeat_fraction=fraction, chunk_max=chunk_max)
     return tokens, None
 
 
@@ -556,7 +568,7 @@ def train_model(
     config_json = {"model": model_cfg.to_json(), "train": train_cfg.to_json()}
     existing = read_manifest(out_dir)
     if existing and existing.get("complete"):
-        if existing.get("config") not in (None, config_json):
+        if not _same_config(existing.get("config"), model_cfg, train_cfg):
             raise HeadLabError(f"{out_dir} holds a finished model with a different config; delete that folder or pick another name.")
         return existing
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -567,7 +579,7 @@ def train_model(
         weight_decay=train_cfg.weight_decay, foreach=False
     )
     meta = _load_state(model, optimizer, out_dir)
-    if meta is not None and meta.get("config") != config_json:
+    if meta is not None and not _same_config(meta.get("config"), model_cfg, train_cfg):
         raise HeadLabError(f"{out_dir} holds a run with a different config; delete that folder or pick another name.")
     if meta is None:
         meta = {
@@ -744,6 +756,13 @@ _INDUCTION_TRAIN = TrainConfig(
     task="induction", steps=2000, batch_size=32, seq_len=64, lr=3e-3, warmup_steps=50, weight_decay=0.01,
     repeat_warmup_steps=500, eval_every=100, stop_accuracy=None, head_l1=0.005, decay_fraction=0.25,
 )
+# The quick model repeats chunks of up to 40 bytes after the warm-up, so that its induction reaches
+# the synthetic probe's distances (p+1 sits 31-42 tokens before the query at T = 64). Trained on
+# 8-32-byte repeats throughout, the same seed's four induction heads put only 54-69% of their
+# attention on p+1 there (selectivity 34-44x against 1/(q+1), below the literal 50x); with repeats
+# to 40 they put more on it, at some cost at short distances (figures in the README). The paper
+# preset keeps the 8-32 recipe its replication reports were made with.
+_QUICK_INDUCTION_TRAIN = replace(_INDUCTION_TRAIN, mixture_chunk_max=40)
 _HHG = ModelConfig(
     family="gpt_neox", n_layers=4, n_heads=4, d_model=128, d_ff=512, vocab_size=104, max_seq_len=64,
     rotary_pct=0.0, use_parallel_residual=False, hidden_act="gelu",
@@ -781,7 +800,7 @@ def _paper_preset() -> list[tuple[str, ModelConfig, TrainConfig]]:
 
 ZOO_PRESETS: dict[str, list[tuple[str, ModelConfig, TrainConfig]]] = {
     "quick": [
-        ("induction-neox", _NEOX_INDUCTION, _INDUCTION_TRAIN),
+        ("induction-neox", _NEOX_INDUCTION, _QUICK_INDUCTION_TRAIN),
         ("reverse-hhg", _HHG, _HHG_TRAIN),
         ("induction-olmoe", _OLMOE, _OLMOE_TRAIN),
         ("duplicate-neox", _NEOX_DUPLICATE, _DUPLICATE_TRAIN),
@@ -920,7 +939,7 @@ def cli_train(args: argparse.Namespace) -> dict:
     elif args.task == "duplicate":
         base_train = _DUPLICATE_TRAIN
     else:
-        base_train = replace(_INDUCTION_TRAIN, task=args.task)
+        base_train = replace(_QUICK_INDUCTION_TRAIN, task=args.task)
     if args.task == "shifted":
         base_train = replace(base_train, repeat_warmup_steps=0)
     train_cfg = replace(base_train, seed=args.seed, steps=args.steps or base_train.steps, init_from=args.init_from)

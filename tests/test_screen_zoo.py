@@ -117,6 +117,18 @@ def test_candidate_circuit_is_the_top_prefix_matching_heads(report, repeated_pat
     assert min(pm[h] for h in circuit) > best_outside
 
 
+def test_literal_50x_members_are_the_top_prefix_matching_heads(report, repeated_patterns):
+    """METHODS.md's 50x against 1/(q+1), unscaled: at T = 64 it asks for >= 78% of the attention on p+1,
+    which the quick model (trained on repeats up to 40 bytes, the probe's distances) gives in its
+    strongest heads; those are exactly the top heads by prefix matching."""
+    literal = {tuple(int(i) for i in h) for h in np.argwhere(report.final.membership_selectivity >= 50.0)}
+    assert literal, "no head reached the literal 50x"
+    assert literal <= set(report.candidate_circuit)
+    pm = prefix_matching(*repeated_patterns)
+    top = {tuple(int(i) for i in np.unravel_index(o, pm.shape)) for o in np.argsort(-pm, axis=None)[:len(literal)]}
+    assert literal == top
+
+
 def test_previous_token_heads_sit_below_the_induction_heads(report):
     prev_heads = report.heads_of_class("previous-token")
     assert len(prev_heads) > 0, "no previous-token head found"

@@ -34,10 +34,10 @@ TINY_TRAIN = TrainConfig(
 )
 
 
-def _period(row: torch.Tensor) -> int | None:
-    """The chunk length L in 8..32 for which the row's tail is a chunk repeated to the end, else None."""
+def _period(row: torch.Tensor, chunk_max: int = mixture.CHUNK_MAX) -> int | None:
+    """The chunk length L in 8..chunk_max for which the row's tail is a chunk repeated to the end, else None."""
     n = row.numel()
-    for length in range(mixture.CHUNK_MIN, mixture.CHUNK_MAX + 1):
+    for length in range(mixture.CHUNK_MIN, chunk_max + 1):
         start = n - 2 * length if 2 * length <= n - 1 else 1  # where the first full copy starts
         if torch.equal(row[start + length :], row[start : n - length]):
             return length
@@ -55,6 +55,19 @@ def test_repeat_batch_structure_and_determinism():
     assert torch.equal(batch, mixture.training_batch("repeat", 3, 16, 64, 7))
     assert not torch.equal(batch, mixture.training_batch("repeat", 4, 16, 64, 7))
     assert not torch.equal(batch, mixture.training_batch("repeat", 3, 16, 64, 8))
+
+
+def test_longer_repeats_only_after_the_warm_up():
+    from core.train import _batch
+
+    cfg = replace(TINY_TRAIN, seq_len=64, batch_size=256, repeat_warmup_steps=8, repeat_fraction=1.0, mixture_chunk_max=40)
+    warm = {_period(row, 40) for row in _batch(cfg, 7)[0]}
+    after = {_period(row, 40) for row in _batch(cfg, 8)[0]}
+    assert None not in warm and max(warm) <= 32  # the warm-up keeps 8-32
+    assert None not in after and max(after) > 32 and max(after) <= 40
+    assert torch.equal(_batch(replace(cfg, mixture_chunk_max=32), 7)[0], _batch(cfg, 7)[0])
+    with pytest.raises(HeadLabError, match="longest repeated chunk"):
+        mixture.training_batch("repeat", step=0, batch_size=2, seq_len=64, seed=0, chunk_max=7)
 
 
 def test_text_rows_are_windows_of_the_train_split():
@@ -319,6 +332,14 @@ def test_resume_after_interruption_is_bit_identical(tmp_path):
     with pytest.raises(HeadLabError, match="different config"):
         train_model("full", TINY, replace(cfg, lr=2e-3), tmp_path / "full")
     assert train_model("full", TINY, cfg, tmp_path / "full")["checkpoints"] == full["checkpoints"]
+    # a record written before a config field existed matches when the field is at its (old-behaviour) default
+    manifest_path = tmp_path / "full" / "manifest.json"
+    record = json.loads(manifest_path.read_text())
+    del record["config"]["train"]["mixture_chunk_max"]
+    manifest_path.write_text(json.dumps(record))
+    assert train_model("full", TINY, cfg, tmp_path / "full")["checkpoints"] == full["checkpoints"]
+    with pytest.raises(HeadLabError, match="different config"):
+        train_model("full", TINY, replace(cfg, mixture_chunk_max=24), tmp_path / "full")
 
 
 @pytest.mark.parametrize("family", ["gpt_neox", "llama", "olmoe"])

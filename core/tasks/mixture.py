@@ -1,7 +1,7 @@
 """The zoo's induction-rich training stream, and the two training-time induction measurements.
 
 Recipe (TRAINING-NOTES.md): "repeat" sequences (BOS, random bytes, then a random chunk of 8-32
-bytes repeated until the sequence ends) teach induction fast; "text" windows of pydoc_data.topics
+bytes, or up to `chunk_max`, repeated until the sequence ends) teach induction fast; "text" windows of pydoc_data.topics
 teach ordinary next-byte statistics (and so other head roles); "mixture" is 50/50 per sequence.
 The models start on pure "repeat" data for the first W steps (`schedule`), which is what makes
 induction form within the quick budget.
@@ -29,7 +29,7 @@ from core.errors import HeadLabError
 from core.tasks.vocab import BOS, N_BYTES
 
 KINDS = ("repeat", "text", "mixture", "shifted", "code")
-CHUNK_MIN, CHUNK_MAX = 8, 32  # repeated chunk length range of "repeat" sequences (inclusive)
+CHUNK_MIN, CHUNK_MAX = 8, 32  # default repeated chunk length range of "repeat" sequences (inclusive)
 MAX_INDUCTION_HALF_LEN = 31  # induction trained on 8-32 chunks reaches ~32 tokens back
 CODE_FILES = (
     "argparse.py", "dataclasses.py", "enum.py", "functools.py",
@@ -50,22 +50,26 @@ def schedule(step: int, repeat_warmup_steps: int, kind: str = "mixture") -> str:
 
 
 def training_batch(
-    kind: str, step: int, batch_size: int, seq_len: int, seed: int, repeat_fraction: float = 0.5
+    kind: str, step: int, batch_size: int, seq_len: int, seed: int, repeat_fraction: float = 0.5,
+    chunk_max: int = CHUNK_MAX,
 ) -> torch.Tensor:
     """One training batch of byte tokens, every row starting with BOS; deterministic in (seed, step).
 
     `repeat_fraction`: for "mixture" and "shifted", the chance that a row is a repeat sequence.
+    `chunk_max`: the longest repeated chunk (induction learns to reach about this far back).
     Returns tokens: LongTensor [batch, seq_len].
     """
     if kind not in KINDS:
         raise HeadLabError(f"Unknown training data kind {kind!r}; choose one of {', '.join(KINDS)}.")
     if seq_len < 2 * CHUNK_MIN + 1:
         raise HeadLabError(f"Training seq_len must be at least {2 * CHUNK_MIN + 1} to hold a repeated chunk.")
+    if chunk_max < CHUNK_MIN:
+        raise HeadLabError(f"The longest repeated chunk must be at least {CHUNK_MIN} bytes; got {chunk_max}.")
     gen = batch_generator(seed, step)
     rows = []
     for _ in range(batch_size):
         if kind == "repeat":
-            rows.append(_repeat_row(gen, seq_len))
+            rows.append(_repeat_row(gen, seq_len, chunk_max))
         elif kind == "text":
             rows.append(_text_row(gen, seq_len, _text_corpus("train")))
         elif kind == "code":
@@ -74,7 +78,7 @@ def training_batch(
             # One coin per row, drawn before the row, so the row kinds are part of the pure function.
             use_text = bool(torch.rand((), generator=gen) >= repeat_fraction)
             if not use_text:
-                rows.append(_repeat_row(gen, seq_len))
+                rows.append(_repeat_row(gen, seq_len, chunk_max))
             elif kind == "mixture":
                 rows.append(_text_row(gen, seq_len, _text_corpus("train")))
             else:  # shifted: Python source instead of English prose
@@ -82,9 +86,9 @@ def training_batch(
     return torch.stack(rows)  # [batch, seq_len]
 
 
-def _repeat_row(gen: torch.Generator, seq_len: int) -> torch.Tensor:
-    """BOS, a random-byte prefix, then a random chunk of 8-32 bytes repeated until the end."""
-    chunk_len = int(torch.randint(CHUNK_MIN, CHUNK_MAX + 1, (), generator=gen))
+def _repeat_row(gen: torch.Generator, seq_len: int, chunk_max: int = CHUNK_MAX) -> torch.Tensor:
+    """BOS, a random-byte prefix, then a random chunk of 8..chunk_max bytes repeated until the end."""
+    chunk_len = int(torch.randint(CHUNK_MIN, chunk_max + 1, (), generator=gen))
     body = seq_len - 1
     max_prefix = max(0, body - 2 * chunk_len)  # leave room for two copies when possible
     prefix_len = int(torch.randint(0, max_prefix + 1, (), generator=gen))
