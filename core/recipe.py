@@ -90,10 +90,10 @@ def screen_checkpoint(stats: HeadStats, baseline: str = "random", class_threshol
         )
     targets = {name: stats.pattern(name) for name in stats.patterns}
     sel, names = selectivity(targets, stats.attn_baseline, baseline, stats.query_pos)
-    member_sel, _ = selectivity(targets, stats.attn_baseline, "uniform", stats.query_pos, ("induction",))
+    member_sel, _ = selectivity(targets, stats.attn_baseline, "uniform", stats.query_pos, names)
     return ScreenResult(patterns=names, selectivity=sel, baseline=baseline, n_examples=stats.n_examples,
                         threshold=class_threshold, induction_threshold=induction_threshold,
-                        membership_selectivity=member_sel[0])
+                        membership_selectivity=member_sel)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -137,7 +137,7 @@ class ScreenReport:
             "final_screen": self.final.to_json(),
             "selectivity_by_checkpoint": self.selectivity_by_checkpoint.tolist(),
             "candidate_circuit": [head_name(h) for h in self.candidate_circuit],
-            "previous_token_heads": [head_name(h) for h in self.heads_of_class("previous-token")],
+            "previous_token_circuit": [head_name(h) for h in self.final.previous_token_circuit],
             "fractions": self.final.fractions(),
         }
 
@@ -236,7 +236,7 @@ def cli_screen(args: argparse.Namespace) -> dict:
     print(f"top-K spectral ({len(report.spectral.top_heads)}): {', '.join(out['top_k_spectral'])}")
     print(f"candidate induction circuit (>= {report.final.induction_threshold:.3g}x, uniform baseline): "
           f"{', '.join(out['candidate_circuit']) or 'none'}")
-    print(f"previous-token heads: {', '.join(out['previous_token_heads']) or 'none'}")
+    print(f"previous-token circuit (same threshold, uniform baseline): {', '.join(out['previous_token_circuit']) or 'none'}")
     for name, value in out["fractions"].items():
         print(f"{name}: {value if value is None else round(value, 4)}")
     return out
@@ -331,7 +331,8 @@ def cli_ablate(args: argparse.Namespace) -> dict:
 def run_recipe(ref: ModelRef, spec, n_controls: int = 20, mode: str = "zero", seed: int = 123,
                device: str = "cpu", progress: Optional[Callable[[str], None]] = None) -> dict:
     """Screen, take the candidate induction circuit, ablate it against matched-random draws and the
-    upper bound; also ablate the previous-token heads (composition: they feed the induction heads)."""
+    upper bound; also ablate the previous-token circuit (composition: it feeds the induction heads),
+    chosen by the same membership rule as the induction circuit."""
     say = progress or (lambda text: None)
     say("screening checkpoints")
     report = screen(ref, spec, device=device)
@@ -347,9 +348,9 @@ def run_recipe(ref: ModelRef, spec, n_controls: int = 20, mode: str = "zero", se
     result = ablate(ref, final, circuit, spec, n_controls, "matched", mode, seed, device, model=model)
     out["candidate"] = {"summary": summarize_ablation(result), "result": result.to_json()}
     out["verdict"] = out["candidate"]["summary"]["verdicts"].get("recipe")
-    prev_heads = report.heads_of_class("previous-token")
+    prev_heads = report.final.previous_token_circuit
     if len(prev_heads):
-        say(f"ablating the previous-token heads {prev_heads}")
+        say(f"ablating the previous-token circuit {prev_heads}")
         try:
             composition = ablate(ref, final, prev_heads, spec, n_controls, "matched", mode, seed, device, model=model)
         except HeadLabError as exc:  # e.g. more than half of a layer: no matched control exists
@@ -376,7 +377,7 @@ def cli_recipe(args: argparse.Namespace) -> dict:
     if "candidate" in out:
         _print_summary("Step 3, candidate circuit:", out["candidate"]["summary"])
     if "composition" in out:
-        _print_summary("previous-token heads (composition):", out["composition"]["summary"])
+        _print_summary("previous-token circuit (composition):", out["composition"]["summary"])
     verdict = out.get("verdict") or {}
     print(f"recipe verdict: {verdict.get('label')}  ({verdict.get('rule')})")
     return out

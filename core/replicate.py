@@ -277,7 +277,7 @@ def _composition_text(m: dict) -> str:
     parts = []
     for x in m["per_model"]:
         if not x["heads"]:
-            parts.append(f"{x['model']}: no previous-token heads")
+            parts.append(f"{x['model']}: no previous-token circuit")
             continue
         parts.append(f"{x['model']}: ablating {x['heads']} ({x['control_kind']} controls): Δloss "
                      f"{_num(x['loss_delta'], '+.3g')} (z {_num(x['z_loss'], '.3g')}, rank {x['loss_rank']}), "
@@ -445,7 +445,8 @@ def _claims() -> dict[str, Claim]:
               lambda preset: bool(_shift_pairs(preset))),
         Claim("spc-composition", "spectral", "SPC",
               "Ablating the previous-token circuit destroys induction (composition).",
-              f"In every induction seed with previous-token heads (class at >= 30x): ablating them is worse on loss than "
+              f"In every induction seed with a previous-token circuit (previous-token selectivity at the induction circuit's "
+              f"membership threshold, uniform baseline): ablating it is worse on loss than "
               f"every control draw (matched-random, any-layer where a layer has too few free heads), and leaves at most "
               f"{DESTROYED_FRACTION:.0%} of the clean top-1 induction accuracy.",
               _composition_ok, "OLMo-1B (reference prev_token_circuit/olmo_ablation.json): ablating the 9-head "
@@ -683,7 +684,7 @@ def _run_composition(ctx: Context, names: list[str]) -> Measurement:
     per, artifacts, notes = [], {}, []
     for name in names:
         out = ctx.recipe(name)
-        prev = out["screen"]["previous_token_heads"]
+        prev = out["screen"]["previous_token_circuit"]
         if "composition" not in out:
             per.append({"model": name, "heads": ""})
             continue
@@ -699,7 +700,7 @@ def _run_composition(ctx: Context, names: list[str]) -> Measurement:
             notes.append(f"{name}: {out['composition_note']}")
     measured: dict = {"per_model": per}
     if not any(x["heads"] for x in per):
-        measured["undefined"] = "the screen found no previous-token heads (class at >= 30x) in any seed"
+        measured["undefined"] = "the screen found no previous-token circuit (membership threshold) in any seed"
     return Measurement(measured, artifacts, tuple(names), tuple(notes))
 
 

@@ -237,9 +237,9 @@ def class_counts(classes: Any) -> dict[str, int]:
     return {str(v): int(c) for v, c in zip(values, counts)}
 
 
-def induction_members(sel_induction: Any, threshold: float = INDUCTION_THRESHOLD) -> HeadSet:
-    """Induction-circuit members ("precision" threshold): heads with induction selectivity >= threshold."""
-    s = np.asarray(sel_induction, dtype=np.float64)
+def circuit_members(sel: Any, threshold: float = INDUCTION_THRESHOLD) -> HeadSet:
+    """Circuit members ("precision" threshold): heads whose selectivity [layer, head] is >= threshold."""
+    s = np.asarray(sel, dtype=np.float64)
     return HeadSet.from_mask(np.nan_to_num(s, nan=-np.inf) >= threshold)
 
 
@@ -385,6 +385,7 @@ class ScreenResult:
     null:        [draw, layer, head] null induction selectivity, or None when not computed
     null_per_head: False (default) uses the p99 pooled over all draws and heads, as the reference
                  calibration's `null_p99` and its K_above_null_p99 counts; True uses each head's own p99.
+    membership_selectivity: [pattern, layer, head] against `membership_baseline`, for circuit membership
     """
 
     patterns: tuple[str, ...]
@@ -399,8 +400,9 @@ class ScreenResult:
     baseline_n: int = DEFAULT_BASELINE_N
     baseline_seed: int = DEFAULT_BASELINE_SEED
     unspecialized_label: str = "unspecialized"
-    # induction-circuit membership is judged against its own baseline: the reference calibration
-    # states the 50x threshold against the uniform baseline 1/(q+1) (METHODS.md Step 2)
+    # circuit membership is judged against its own baseline: the reference calibration states the
+    # 50x induction threshold against the uniform baseline 1/(q+1) (METHODS.md Step 2). The
+    # previous-token circuit (composition) is chosen by the same rule on previous-token selectivity.
     membership_baseline: str = "uniform"
     membership_selectivity: np.ndarray | None = None
 
@@ -424,7 +426,7 @@ class ScreenResult:
         """Everything from full attention rows attn_row [example, layer, head, key]; n_null_draws=0 skips the null."""
         summ = gather_pattern_attention(attn_row, query_pos, induction_pos, duplicate_pos, baseline_n, baseline_seed)
         sel, names = selectivity(summ.targets, summ.baseline, baseline, summ.query_pos)
-        member_sel, _ = selectivity(summ.targets, summ.baseline, membership_baseline, summ.query_pos, ("induction",))
+        member_sel, _ = selectivity(summ.targets, summ.baseline, membership_baseline, summ.query_pos, names)
         null = None
         if n_null_draws > 0:
             null = null_induction_selectivity(
@@ -435,7 +437,7 @@ class ScreenResult:
             patterns=names, selectivity=sel, baseline=baseline, n_examples=int(summ.query_pos.shape[0]),
             threshold=threshold, induction_threshold=induction_threshold, null=null,
             null_per_head=null_per_head, null_seed=null_seed, baseline_n=baseline_n, baseline_seed=baseline_seed,
-            membership_baseline=membership_baseline, membership_selectivity=member_sel[0],
+            membership_baseline=membership_baseline, membership_selectivity=member_sel,
         )
 
     @property
@@ -448,15 +450,27 @@ class ScreenResult:
         """[layer, head] class names (>= threshold, else unspecialized_label)."""
         return classify(self.selectivity, self.patterns, self.threshold, self.unspecialized_label)
 
+    def membership_of(self, pattern: str) -> np.ndarray:
+        """[layer, head] selectivity for `pattern` against the membership baseline (the screen's own if unset)."""
+        index = self.patterns.index(pattern)
+        return self.selectivity[index] if self.membership_selectivity is None else self.membership_selectivity[index]
+
     @property
     def membership(self) -> np.ndarray:
-        """[layer, head] induction selectivity against the membership baseline (the screen's own if unset)."""
-        return self.induction_selectivity if self.membership_selectivity is None else self.membership_selectivity
+        """[layer, head] induction selectivity against the membership baseline."""
+        return self.membership_of("induction")
 
     @property
     def induction_heads(self) -> HeadSet:
         """Induction-circuit members: membership selectivity >= induction_threshold."""
-        return induction_members(self.membership, self.induction_threshold)
+        return circuit_members(self.membership, self.induction_threshold)
+
+    @property
+    def previous_token_circuit(self) -> HeadSet:
+        """The previous-token heads the induction heads compose with, chosen by the induction circuit's own
+        rule: previous-token selectivity against the membership baseline >= induction_threshold. The class
+        rule (>= 30x on the screen's baseline) can miss heads that carry the previous token together."""
+        return circuit_members(self.membership_of("previous-token"), self.induction_threshold)
 
     @property
     def null_p99(self) -> float | np.ndarray | None:

@@ -65,9 +65,12 @@ with preset_col:
         _set_heads(here.induction_heads, f"No head reaches the membership threshold ({here.induction_threshold:.3g}x "
                                          f"against the {here.membership_baseline} baseline) at {ws.revision}; "
                                          "try a later checkpoint or another preset.")
-    if p2.button("Previous-token heads", key="preset_prev"):
-        _set_heads(HeadSet.from_mask(classes == "previous-token"),
-                   f"No head is classed previous-token (≥ {here.threshold:g}x) at {ws.revision}.")
+    if p2.button("Previous-token circuit", key="preset_prev",
+                 help=f"The heads the induction heads compose with, chosen by the same rule: previous-token "
+                      f"selectivity against the {here.membership_baseline} baseline ≥ {here.induction_threshold:.3g}x."):
+        _set_heads(here.previous_token_circuit,
+                   f"No head reaches the membership threshold on previous-token selectivity "
+                   f"({here.induction_threshold:.3g}x against the {here.membership_baseline} baseline) at {ws.revision}.")
     p3, p4 = st.columns([2, 1])
     k = int(p4.number_input("K", 1, n_layers * n_heads, resolve_k(0.18, n_layers * n_heads), key="preset_k"))
     if p3.button("Top-K spectral heads", key="preset_topk", help="The K heads with the largest PR-integral (Step 1)."):

@@ -20,7 +20,7 @@ from core.selectivity import (
     forbidden_positions,
     fraction_at_threshold,
     gather_pattern_attention,
-    induction_members,
+    circuit_members,
     noise_floor,
     null_induction_selectivity,
     null_p99,
@@ -195,9 +195,9 @@ def test_null_p99_noise_floor_and_specialized_fraction_hand_made():
     assert fraction_at_threshold(sel, 3.0) == 0.5
 
 
-def test_induction_members_and_screen_result_round_trip():
+def test_circuit_members_and_screen_result_round_trip():
     sel_ind = np.array([[10.0, 50.0], [49.9, 120.0]])
-    assert induction_members(sel_ind) == HeadSet(((0, 1), (1, 1)))
+    assert circuit_members(sel_ind) == HeadSet(((0, 1), (1, 1)))
     q, p1, p = _hand_positions()
     res = ScreenResult.from_attention(_hand_rows(), q, p1, p, threshold=10.0, n_null_draws=10, null_seed=5)
     assert res.classes[0].tolist() == list(PATTERNS)
@@ -272,8 +272,8 @@ def test_olmo_null_floor_and_specialized_fraction():
     assert specialized_fraction(real, null_p99(null, per_head=True)) * 256 == pytest.approx(42)
     # the calibration's fixed-threshold counts use the same (random-baseline) induction selectivity
     assert fraction_at_threshold(real, 30.0) * 256 == pytest.approx(summary["K_above_30x"])
-    assert len(induction_members(real, 50.0)) == summary["K_above_50x_T_precision"]
-    assert len(induction_members(real, 100.0)) == summary["K_above_100x"]
+    assert len(circuit_members(real, 50.0)) == summary["K_above_50x_T_precision"]
+    assert len(circuit_members(real, 100.0)) == summary["K_above_100x"]
     assert specialized_fraction(real, 2.0) * 256 == pytest.approx(summary["K_above_2x_T_recall"])
 
 
@@ -293,6 +293,25 @@ def test_membership_is_judged_against_the_uniform_baseline():
     assert result.induction_heads.heads == ((0, 0),)
     again = ScreenResult.from_json(result.to_json())
     assert again.induction_heads == result.induction_heads
+
+
+def test_previous_token_circuit_uses_the_membership_rule_not_the_class_rule():
+    """At q = 63 a share s on q-1 is 64 s x uniform. Head 0 (0.5: 32x) and head 1 (0.3: 19.2x) reach a
+    19x membership threshold; head 2 (0.25: 16x) does not. Only head 0 is classed previous-token (>= 30x
+    against the uniform baseline here), so the class would miss head 1."""
+    n, T = 40, 64
+    q = np.full(n, T - 1)
+    p = np.arange(n) % 10 + 20
+    rows = np.zeros((n, 1, 3, T))
+    for head, share in enumerate((0.5, 0.3, 0.25)):
+        rows[:, 0, head, :] = (1 - share) / (T - 1)
+        rows[:, 0, head, T - 2] += share - (1 - share) / (T - 1)
+    result = ScreenResult.from_attention(rows, q, p + 1, p, baseline="uniform", induction_threshold=19.0,
+                                         n_null_draws=0)
+    np.testing.assert_allclose(result.membership_of("previous-token")[0], [32.0, 19.2, 16.0])
+    assert result.previous_token_circuit.heads == ((0, 0), (0, 1))
+    assert (result.classes == "previous-token").sum() == 1
+    assert ScreenResult.from_json(result.to_json()).previous_token_circuit == result.previous_token_circuit
 
 
 def test_membership_threshold_scales_with_probe_length():
