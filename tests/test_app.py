@@ -105,6 +105,14 @@ def test_screen_heatmap_follows_checkpoint_and_pattern(report):
     assert not np.array_equal(seen[0], seen[1])
 
 
+def test_ablation_previous_token_preset_is_cores_circuit(report):
+    at = open_page(make_app(), "ablation")
+    at.button(key="preset_prev").click().run()
+    assert not at.exception and errors(at) == []
+    assert len(report.final.previous_token_circuit) > 0
+    assert at.text_input(key="heads_text").value == str(report.final.previous_token_circuit)
+
+
 def test_app_opens_on_the_induction_model_and_screens_the_duplicate_model(quick_zoo):
     at = AppTest.from_file(APP, default_timeout=900)
     at.query_params["n"] = str(N)
