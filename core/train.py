@@ -7,9 +7,9 @@ under `zoo_dir()/<name>/` holds `manifest.json` and `checkpoints/step{N:07d}/` (
 extra ones where the loss falls fast, so circuits can be followed across training.
 
 Determinism: `torch.manual_seed(seed)` right before model init (same seed, same weights on the
-same number of torch threads: float sums differ between 1 and 2 threads, and the quick recipe's
-seed 0 ends at 0.454 nats of repeated-half loss on 2 threads but 0.400 on 1), and every batch is a
-pure function of (seed, step). The resumable state in `<model>/state/` (weights,
+same number of torch threads: float sums differ between 1 and 2 threads, and the paper preset's
+induction recipe with seed 0 ends at 0.454 nats of repeated-half loss on 2 threads but 0.400 on 1),
+and every batch is a pure function of (seed, step). The resumable state in `<model>/state/` (weights,
 optimizer moments, step, curves; safetensors + JSON, no pickle) therefore lets an interrupted run
 finish with bit-identical weights.
 
