@@ -1,8 +1,9 @@
 """The zoo's induction-rich training stream, and the two training-time induction measurements.
 
 Recipe (TRAINING-NOTES.md): "repeat" sequences (BOS, random bytes, then a random chunk of 8-32
-bytes, or up to `chunk_max`, repeated until the sequence ends) teach induction fast; "text" windows of pydoc_data.topics
-teach ordinary next-byte statistics (and so other head roles); "mixture" is 50/50 per sequence.
+bytes, or 8 to `chunk_max`, repeated until the sequence ends) teach induction fast; "text" windows
+of pydoc_data.topics teach ordinary next-byte statistics (and so other head roles); "mixture" is
+50/50 per sequence.
 The models start on pure "repeat" data for the first W steps (`schedule`), which is what makes
 induction form within the quick budget.
 
