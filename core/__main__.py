@@ -16,25 +16,25 @@ from core.errors import HeadLabError
 
 # command name -> (module, function suffix, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "models": ("core.models", "models", "list zoo models and their checkpoints"),
-    "train": ("core.train", "train", "train one model from flags, with checkpoints"),
-    "zoo": ("core.train", "zoo", "train the model zoo (quick or paper preset); no-op when trained"),
+    "models": ("core.model.loading", "models", "list zoo models and their checkpoints"),
+    "train": ("core.zoo.train", "train", "train one model from flags, with checkpoints"),
+    "zoo": ("core.zoo.train", "zoo", "train the model zoo (quick or paper preset); no-op when trained"),
     "probe": ("core.store", "probe", "run the instrumented pass and fill the cache"),
-    "screen": ("core.recipe", "screen", "Steps 1-2: PR trajectories, PR-integral, pattern screen"),
-    "ablate": ("core.recipe", "ablate", "group ablation with matched-random controls"),
-    "recipe": ("core.recipe", "recipe", "the full three-step recipe with its verdict"),
-    "attribution": ("core.attribution", "attribution", "gradient attribution vs causal importance [HHG]"),
-    "proposers": ("core.proposers", "proposers", "proposers vs disposer: four circuit proposals, one closure test"),
-    "export": ("core.export", "export", "paper figures headless: spectral, screen, ablation, attribution (PNG/SVG/PDF + CSV/JSON)"),
-    "coactivation": ("core.coactivation", "coactivation", "Ising co-activation communities and their closure test [CVC]"),
-    "replicate": ("core.replicate", "replicate", "the papers' claims on the zoo: a report with verdicts and figures"),
+    "screen": ("core.pipelines.recipe", "screen", "Steps 1-2: PR trajectories, PR-integral, pattern screen"),
+    "ablate": ("core.pipelines.recipe", "ablate", "group ablation with matched-random controls"),
+    "recipe": ("core.pipelines.recipe", "recipe", "the full three-step recipe with its verdict"),
+    "attribution": ("core.pipelines.attribution", "attribution", "gradient attribution vs causal importance [HHG]"),
+    "proposers": ("core.pipelines.proposers", "proposers", "proposers vs disposer: four circuit proposals, one closure test"),
+    "export": ("core.cli.export", "export", "paper figures headless: spectral, screen, ablation, attribution (PNG/SVG/PDF + CSV/JSON)"),
+    "coactivation": ("core.pipelines.coactivation", "coactivation", "Ising co-activation communities and their closure test [CVC]"),
+    "replicate": ("core.pipelines.replicate", "replicate", "the papers' claims on the zoo: a report with verdicts and figures"),
 }
 
 # bench target -> (module, function suffix)
 BENCHES: dict[str, tuple[str, str, str]] = {
     "probe": ("core.probe", "bench_probe", "instrumented pass vs bare forward vs three passes"),
-    "ablation": ("core.ablation", "bench_ablation", "ablation engine vs naive per-condition loop"),
-    "ising": ("core.ising", "bench_ising", "joint pseudolikelihood fit vs per-spin scikit-learn"),
+    "ablation": ("core.ablation.engine", "bench_ablation", "ablation engine vs naive per-condition loop"),
+    "ising": ("core.stats.ising", "bench_ising", "joint pseudolikelihood fit vs per-spin scikit-learn"),
 }
 
 

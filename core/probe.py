@@ -133,7 +133,7 @@ class HeadStats:
 
 def model_family(model) -> str:
     """The Hugging Face model_type (e.g. "gpt_neox", "olmoe")."""
-    from core.models import family_of
+    from core.model.loading import family_of
 
     return family_of(getattr(model.original_model, "config", None))
 
@@ -187,7 +187,7 @@ def baseline_weights(query_pos: torch.Tensor, seq_len: int) -> torch.Tensor:
 
     The keys are core.selectivity.baseline_positions(q): the reference RandomState(0) draw of 50.
     """
-    from core.selectivity import baseline_positions
+    from core.stats.selectivity import baseline_positions
 
     weights = torch.zeros(query_pos.shape[0], seq_len, dtype=torch.float32)
     cache: dict[int, torch.Tensor] = {}
@@ -276,7 +276,7 @@ def collect_head_stats(
     provenance: model, revision, tokens (and optionally family) to record in the result.
     keep_attn_rows: None decides by size (see attn_row_dtype); True/False forces it.
     """
-    from core.models import router_logit_hooks
+    from core.model.loading import router_logit_hooks
     from core.store import CODE_VERSION
 
     if int(chunk_size) < 1:
@@ -516,9 +516,9 @@ def add_bench_probe_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_bench_model(text: str, revision: Optional[str] = None, device: str = "cpu"):
-    """A zoo name / folder / hub name through core.models; a bare HF folder directly when models is missing."""
+    """A zoo name / folder / hub name through core.model.loading; a bare HF folder directly when models is missing."""
     try:
-        from core.models import ModelRef, load_model
+        from core.model.loading import ModelRef, load_model
     except ModuleNotFoundError:
         from pathlib import Path
 
@@ -526,7 +526,7 @@ def load_bench_model(text: str, revision: Optional[str] = None, device: str = "c
         from transformers import AutoModelForCausalLM
 
         if not Path(text).is_dir():
-            raise HeadLabError(f"Model {text!r} is not a folder and core.models is not available; pass a Hugging Face folder.")
+            raise HeadLabError(f"Model {text!r} is not a folder and core.model.loading is not available; pass a Hugging Face folder.")
         hf = AutoModelForCausalLM.from_pretrained(text, attn_implementation="eager")
         return TransformerBridge.boot_transformers(text, hf_model=hf).to(device)
     return load_model(ModelRef.parse(text), revision, device=device)

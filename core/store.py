@@ -218,7 +218,7 @@ def weights_fingerprint(model_ref: Any, revision: Optional[str]) -> Optional[str
     Files up to FULL_HASH_LIMIT in all are hashed in full; larger checkpoints by name, size and
     mtime. Hub models return None (their revision names the weights).
     """
-    from core.models import ModelRef, checkpoint_path
+    from core.model.loading import ModelRef, checkpoint_path
 
     if not isinstance(model_ref, ModelRef) or model_ref.kind == "hub":
         return None
@@ -310,7 +310,7 @@ def cli_probe(args: argparse.Namespace) -> dict:
     """`python -m core probe`: fill the HeadStats cache for one or all checkpoints, with a progress bar."""
     from tqdm import tqdm
 
-    from core.models import ModelRef, list_checkpoints, load_config, load_model, resolve_checkpoint
+    from core.model.loading import ModelRef, list_checkpoints, load_config, load_model, resolve_checkpoint
     from core.probe import collect_head_stats, model_family
     from core.tasks import make_induction_probe, make_text_probe
 

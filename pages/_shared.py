@@ -17,9 +17,9 @@ import numpy as np
 import streamlit as st
 
 from core.errors import HeadLabError
-from core.figures import FigureBundle, heads_from_points
+from core.figures.bundle import FigureBundle, heads_from_points
 from core.heads import Head, head_name, parse_heads
-from core.models import Checkpoint, ModelRef, list_checkpoints, list_zoo, load_model
+from core.model.loading import Checkpoint, ModelRef, list_checkpoints, list_zoo, load_model
 from core.workspace import zoo_dir
 
 STATE_KEYS = ("model", "revision", "task", "n", "seq_len", "seed", "token_low", "token_high", "head", "pattern")
@@ -74,7 +74,7 @@ def format_tokens(tokens: int) -> str:
 
 
 def spec_from_json(spec_json: str):
-    from core.recipe import probe_spec
+    from core.pipelines.recipe import probe_spec
 
     d = json.loads(spec_json)
     if d["task"] == "induction":
@@ -117,14 +117,14 @@ def cached_checkpoints(model_name: str, stamp: str = "") -> tuple[Checkpoint, ..
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def cached_batch(spec_json: str):
-    from core.recipe import build_probe
+    from core.pipelines.recipe import build_probe
 
     return build_probe(spec_from_json(spec_json))
 
 
 def _check_fits(ws: Workspace) -> None:
     """Refuse a probe the model cannot read before any model is loaded."""
-    from core.models import load_config
+    from core.model.loading import load_config
     from core.store import check_spec_fits_config
 
     check_spec_fits_config(spec_from_json(ws.spec_json), load_config(ws.ref, ws.revision))
@@ -133,8 +133,8 @@ def _check_fits(ws: Workspace) -> None:
 @st.cache_data(show_spinner="Measuring every head on the probe...", max_entries=32)
 def cached_stats(model_name: str, revision: str, spec_json: str, stamp: str):
     """HeadStats of one checkpoint (core's disk cache, else one instrumented pass)."""
-    from core.models import resolve_checkpoint
-    from core.recipe import head_stats
+    from core.model.loading import resolve_checkpoint
+    from core.pipelines.recipe import head_stats
 
     ref = ModelRef.parse(model_name)
     return head_stats(ref, resolve_checkpoint(ref, revision), cached_batch(spec_json))
@@ -143,14 +143,14 @@ def cached_stats(model_name: str, revision: str, spec_json: str, stamp: str):
 @st.cache_data(show_spinner=False, max_entries=32)
 def cached_checkpoint_screen(model_name: str, revision: str, spec_json: str, stamp: str):
     """Step 2 at one checkpoint, with the induction null (so every checkpoint has its null floor)."""
-    from core.recipe import screen_checkpoint
+    from core.pipelines.recipe import screen_checkpoint
 
     return screen_checkpoint(cached_stats(model_name, revision, spec_json, stamp), n_null_draws=NULL_DRAWS)
 
 
 @st.cache_data(show_spinner="Screening every checkpoint...", max_entries=16)
 def cached_report(model_name: str, spec_json: str, definition: str, k: float, stamp: str):
-    from core.recipe import screen
+    from core.pipelines.recipe import screen
 
     k_arg = int(k) if k >= 1 else float(k)
     return screen(ModelRef.parse(model_name), spec_from_json(spec_json), k=k_arg, definition=definition,
@@ -169,7 +169,7 @@ def checkpoint_screen(ws: Workspace):
 
 def screen_report(ws: Workspace, definition: str = "entropy", k: float = 0.18):
     """Steps 1-2 over every checkpoint; the first time, measures missing checkpoints with a progress bar."""
-    from core.recipe import head_stats
+    from core.pipelines.recipe import head_stats
     from core.store import entry_path, head_stats_key
 
     _check_fits(ws)

@@ -6,11 +6,11 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from core.ablation import DAMAGE_SIGN, METRICS, AblationCancelled, ablation_study, count_matched_sets
+from core.ablation.engine import DAMAGE_SIGN, METRICS, AblationCancelled, ablation_study, count_matched_sets
 from core.errors import HeadLabError
-from core.figures import ablation_strip, head_grid, heads_from_points, per_example_damage, token_label
+from core.figures.bundle import ablation_strip, head_grid, heads_from_points, per_example_damage, token_label
 from core.heads import HeadSet, head_name, parse_heads
-from core.spectral import resolve_k, top_k
+from core.stats.spectral import resolve_k, top_k
 from pages._shared import (INSPECTOR, ablation_store, cached_batch, cached_model, checkpoint_screen, guarded, require_workspace,
                            screen_report, show_figure)
 

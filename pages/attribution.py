@@ -8,11 +8,11 @@ from dataclasses import replace
 import pandas as pd
 import streamlit as st
 
-from core.attribution import (ABLATION_MODES, CLASS_RULES, DEFAULT_THRESHOLD, GRADIENT_VARIANTS, AttributionSettings,
+from core.pipelines.attribution import (ABLATION_MODES, CLASS_RULES, DEFAULT_THRESHOLD, GRADIENT_VARIANTS, AttributionSettings,
                               analyze_ref, manifest_task, parse_component, sequence_zoo_models, stored_result,
                               stored_summaries)
 from core.errors import HeadLabError
-from core.figures_attribution import hero_bloat_heatmap, joint_ablation_bars, rank_scatter, rho_strip
+from core.figures.attribution import hero_bloat_heatmap, joint_ablation_bars, rank_scatter, rho_strip
 from core.heads import head_name
 from core.tasks.sequences import NUMBER_HIGH, NUMBER_LOW, OOD_LENGTHS, SEQ_VOCAB_SIZE, TASKS
 from pages._shared import guarded, require_workspace, show_figure

@@ -5,13 +5,13 @@ import dataclasses
 import pandas as pd
 import streamlit as st
 
-from core.ablation import METRICS
-from core.coactivation import DEFAULT_N_CONTROLS, DEFAULT_STRATA, DEFAULT_N_NULL, closure_test, coactivation, default_settings
+from core.ablation.engine import METRICS
+from core.pipelines.coactivation import DEFAULT_N_CONTROLS, DEFAULT_STRATA, DEFAULT_N_NULL, closure_test, coactivation, default_settings
 from core.errors import HeadLabError
-from core.figures import ablation_strip, heads_from_points
-from core.figures_coactivation import (ari_by_k_chart, candidate_rows, candidate_table, closure_z_chart, coupling_graph,
+from core.figures.bundle import ablation_strip, heads_from_points
+from core.figures.coactivation import (ari_by_k_chart, candidate_rows, candidate_table, closure_z_chart, coupling_graph,
                                        coupling_heatmap, default_edge_threshold, route_null_chart)
-from core.models import ModelRef
+from core.model.loading import ModelRef
 from pages._shared import (cached_batch, cached_model, checkpoint_stats, export_buttons, guarded, require_workspace,
                            show_figure, spec_from_json)
 

@@ -4,13 +4,13 @@ between seeds and across a data shift, and how its form (selectivity) and functi
 import pandas as pd
 import streamlit as st
 
-from core.dynamics import (DEFAULT_MARGIN, FORM_FUNCTION_LABELS, IDENTIFIABLE_BAND, continued_from, cross_seed_matrix,
+from core.pipelines.dynamics import (DEFAULT_MARGIN, FORM_FUNCTION_LABELS, IDENTIFIABLE_BAND, continued_from, cross_seed_matrix,
                            data_shift_jaccard, form_vs_function, training_trajectories)
 from core.errors import HeadLabError
-from core.figures_dynamics import (cross_seed_figure, data_shift_figure, form_function_figure, identification_figure,
+from core.figures.dynamics import (cross_seed_figure, data_shift_figure, form_function_figure, identification_figure,
                                    timing_figure)
 from core.heads import head_name, parse_heads
-from core.models import ModelRef, list_zoo, read_manifest
+from core.model.loading import ModelRef, list_zoo, read_manifest
 from pages._shared import (bound, format_tokens, guarded, model_stamp, require_workspace, screen_report, show_figure,
                            spec_from_json)
 

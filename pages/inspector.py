@@ -5,9 +5,9 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from core.ablation import DAMAGE_SIGN, Ablation, run_conditions
+from core.ablation.engine import DAMAGE_SIGN, Ablation, run_conditions
 from core.errors import HeadLabError
-from core.figures import (attention_pattern, attention_row, head_grid, head_pr, head_scores, heads_from_points,
+from core.figures.bundle import (attention_pattern, attention_row, head_grid, head_pr, head_scores, heads_from_points,
                           token_label, worst_examples)
 from core.heads import HeadSet, head_name
 from pages._shared import (ablation_store, cached_batch, cached_full_pattern, cached_model, checkpoint_screen,

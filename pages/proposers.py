@@ -3,8 +3,8 @@
 import pandas as pd
 import streamlit as st
 
-from core.figures_proposers import proposers_figure
-from core.proposers import PROPOSERS, proposers_vs_disposer
+from core.figures.proposers import proposers_figure
+from core.pipelines.proposers import PROPOSERS, proposers_vs_disposer
 from pages._shared import guarded, require_workspace, send_to_ablation_lab, show_figure, spec_from_json
 
 st.title("Proposers vs disposer")

@@ -2,9 +2,9 @@
 
 import streamlit as st
 
-from core.figures import (class_fractions_over_training, class_map, selectivity_animation, selectivity_heatmap,
+from core.figures.bundle import (class_fractions_over_training, class_map, selectivity_animation, selectivity_heatmap,
                           selectivity_strip)
-from core.selectivity import classify
+from core.stats.selectivity import classify
 from pages._shared import bound, checkpoint_screen, guarded, offer_inspect, require_workspace, screen_report, show_figure, sync_url
 
 st.title("Pattern screen")

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from core.figures import pr_integral_grid, pr_integral_ranking, pr_trajectories
+from core.figures.bundle import pr_integral_grid, pr_integral_ranking, pr_trajectories
 from core.heads import head_name, parse_heads
 from pages._shared import bound, guarded, offer_inspect, require_workspace, screen_report, show_figure
 

@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from core.errors import HeadLabError
-from core.models import list_zoo, read_manifest
+from core.model.loading import list_zoo, read_manifest
 from pages._shared import format_tokens, workspace_sidebar
 
 st.title("Models & training")
@@ -16,7 +16,7 @@ st.title("Models & training")
 
 def train_quick_zoo() -> None:
     """Train every missing quick-zoo model, one progress bar per model (resumable if interrupted)."""
-    from core.train import ZOO_PRESETS, train_zoo
+    from core.zoo.train import ZOO_PRESETS, train_zoo
 
     entries = ZOO_PRESETS["quick"]
     for i, (name, _, _) in enumerate(entries):

@@ -68,7 +68,7 @@ def tiny_model(family: str, seed: int = 0):
 
 def save_byte_tokenizer(path: Path) -> None:
     """Save HeadLab's 260-token byte tokenizer into `path` (what a Llama folder needs to boot)."""
-    from core.models import byte_tokenizer
+    from core.model.loading import byte_tokenizer
 
     byte_tokenizer().save_pretrained(str(path))
 

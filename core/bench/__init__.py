@@ -1,0 +1,1 @@
+"""Benchmarks and the reference passes they time, kept out of the runtime modules."""

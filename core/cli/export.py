@@ -1,0 +1,173 @@
+"""`python -m core export MODEL --figure spectral|screen|ablation|attribution --out DIR`: the app's figures, headless.
+
+The same builders the pages draw (core/figures.py), written in the paper theme as PNG (high
+resolution), SVG and PDF, with each figure's data as CSV and JSON carrying its provenance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from core.errors import HeadLabError
+from core.figures.bundle import IMAGE_FORMATS, ablation_bundles, export_bundle, screen_bundles, spectral_bundles
+from core.heads import HeadSet, head_name, parse_heads
+
+PROBE_FIGURES = ("spectral", "screen", "ablation")  # models probed with the induction or text batch
+SEQUENCE_FIGURES = ("attribution",)  # [HHG] reversal / sorting models
+FIGURES = PROBE_FIGURES + SEQUENCE_FIGURES
+
+
+def add_export_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="zoo name, local Hugging Face folder or hub name")
+    parser.add_argument("--figure", action="append", choices=FIGURES + ("all",), required=True,
+                        help="which figures: spectral, screen, ablation, attribution (reverse/sort models) or all "
+                             "(every figure that applies to the model; repeatable)")
+    parser.add_argument("--out", type=Path, required=True, help="folder to write the figures into")
+    parser.add_argument("--task", choices=("induction", "text"), default="induction", help="probe task (default induction)")
+    parser.add_argument("--n", type=int, default=256, help="probe sequences N (default 256)")
+    parser.add_argument("--seq-len", type=int, default=64, help="probe length T (default 64)")
+    parser.add_argument("--seed", type=int, default=42, help="probe seed (default 42)")
+    parser.add_argument("--pr", choices=("entropy", "classic"), default="entropy", help="PR definition (default entropy)")
+    parser.add_argument("--k", type=float, default=0.18, help="top-K: a count (>= 1) or a fraction (default 0.18)")
+    parser.add_argument("--revision", default=None, help="checkpoint for screen and ablation (default: the final one)")
+    parser.add_argument("--pattern", action="append", default=None,
+                        help="screen pattern(s) to draw (default: every pattern)")
+    parser.add_argument("--heads", default=None,
+                        help='heads to ablate, e.g. "L1H3,L1H7" (default: the screened induction circuit, else top-K spectral)')
+    parser.add_argument("--controls", type=int, default=20, help="matched-random control draws (default 20)")
+    parser.add_argument("--control-kind", choices=("matched", "any-layer"), default="matched")
+    parser.add_argument("--mode", choices=("zero", "mean"), default="zero", help="ablation mode (default zero)")
+    parser.add_argument("--control-seed", type=int, default=123, help="seed of the control draws (default 123)")
+    parser.add_argument("--formats", default=",".join(IMAGE_FORMATS),
+                        help="image formats, comma-separated (default png,svg,pdf); CSV and JSON are always written")
+    parser.add_argument("--device", default="cpu")
+
+
+def _formats(text: str) -> tuple[str, ...]:
+    formats = tuple(f.strip().lower() for f in text.split(",") if f.strip())
+    bad = [f for f in formats if f not in IMAGE_FORMATS]
+    if bad:
+        raise HeadLabError(f"unknown image format(s) {', '.join(bad)}; use some of {', '.join(IMAGE_FORMATS)}.")
+    return formats
+
+
+def cli_export(args: argparse.Namespace) -> dict:
+    """Write the chosen figures for MODEL into --out; returns the files written."""
+    from tqdm import tqdm
+
+    from core.model.loading import ModelRef, list_checkpoints, resolve_checkpoint
+    from core.pipelines.recipe import probe_spec, screen
+
+    from core.pipelines.attribution import manifest_task
+    from core.tasks.sequences import TASKS as SEQUENCE_TASKS
+
+    formats = _formats(args.formats)
+    ref = ModelRef.parse(args.model)
+    sequence_model = manifest_task(ref) in SEQUENCE_TASKS
+    if "all" in args.figure:
+        wanted = SEQUENCE_FIGURES if sequence_model else PROBE_FIGURES
+    else:
+        wanted = tuple(dict.fromkeys(args.figure))
+    if sequence_model and set(wanted) & set(PROBE_FIGURES):
+        raise HeadLabError(f"{ref.name} is a reversal/sorting model: export --figure attribution (the probe figures "
+                           "need an induction or text model).")
+    if sequence_model:
+        return _export_attribution(ref, args, formats)
+    spec = probe_spec(args.task, args.n, args.seq_len, args.seed)
+    k = int(args.k) if args.k >= 1 else float(args.k)
+    checkpoint = resolve_checkpoint(ref, args.revision)
+    report = None
+    if "spectral" in wanted or "screen" in wanted or not args.heads:  # an ablation of given heads needs no screen
+        bar = tqdm(total=len(list_checkpoints(ref)), unit="ckpt", desc=f"screen {ref.name}"[-40:])
+        try:
+            report = screen(ref, spec, k=k, definition=args.pr, device=args.device,
+                            n_null_draws=500 if args.task == "induction" else 0,  # the null is an induction statistic
+                            progress=lambda done, total, revision: bar.update(1))
+        finally:
+            bar.close()
+        index = [c.revision for c in report.checkpoints].index(checkpoint.revision)
+    stem = Path(str(ref.name)).name
+    out_dir = Path(args.out)
+    written: list[Path] = []
+    if "spectral" in wanted:
+        for bundle in spectral_bundles(report):
+            written += export_bundle(bundle, out_dir, f"{stem}-", formats)
+    here = None  # Step 2 at the chosen checkpoint: membership and null floor
+    if report is not None:
+        here = report.final if index == len(report.checkpoints) - 1 else _checkpoint_screen(ref, checkpoint, spec, args)
+    if "screen" in wanted:
+        patterns = args.pattern or list(report.final.patterns)
+        unknown = [p for p in patterns if p not in report.final.patterns]
+        if unknown:
+            raise HeadLabError(f"unknown pattern(s) {', '.join(unknown)}; use some of {', '.join(report.final.patterns)}.")
+        for bundle in screen_bundles(report, index, patterns, here):
+            written += export_bundle(bundle, out_dir, f"{stem}-", formats)
+    ablation = None
+    if "ablation" in wanted:
+        ablation = _run_ablation(args, ref, checkpoint, report, here, spec)
+        for bundle in ablation_bundles(ablation["result"], ref.name, checkpoint.revision):
+            written += export_bundle(bundle, out_dir, f"{stem}-", formats)
+    for path in written:
+        print(path)
+    out = {"model": ref.name, "figures": list(wanted), "revision": checkpoint.revision,
+           "probe_spec": spec.to_json(), "files": [str(p) for p in written]}
+    if ablation is not None:
+        out["ablation"] = {"heads": str(ablation["result"].selection), "seconds": ablation["seconds"],
+                           "verdicts": {k: v.to_json() for k, v in ablation["result"].verdicts.items()}}
+    return out
+
+
+def _export_attribution(ref, args: argparse.Namespace, formats: tuple[str, ...]) -> dict:
+    """[HHG] figures of one reversal/sorting model (its stored preset result when there is one, else a
+    fresh analysis with default settings), plus the seed-level figures of the stored results of its task."""
+    from core.pipelines.attribution import AttributionSettings, analyze_ref, manifest_task, stored_result, stored_summaries
+    from core.figures.attribution import attribution_bundles
+    from core.model.loading import resolve_checkpoint
+
+    settings = AttributionSettings(task=manifest_task(ref))
+    revision = resolve_checkpoint(ref, args.revision).revision
+    result = stored_result(ref.name, settings, revision) if ref.kind == "zoo" else None
+    if result is None:
+        result = analyze_ref(ref, settings, revision, device=args.device)
+    written: list[Path] = []
+    for bundle in attribution_bundles(result, stored_summaries(settings.task)):
+        written += export_bundle(bundle, Path(args.out), "", formats)  # names carry the model or the task
+    for path in written:
+        print(path)
+    return {"model": ref.name, "figures": ["attribution"], "revision": revision, "files": [str(p) for p in written]}
+
+
+def _checkpoint_screen(ref, checkpoint, spec, args: argparse.Namespace):
+    """Step 2 at one (non-final) checkpoint, from the HeadStats cache the screen just filled."""
+    from core.pipelines.recipe import build_probe, head_stats, screen_checkpoint
+
+    stats = head_stats(ref, checkpoint, build_probe(spec), device=args.device)
+    return screen_checkpoint(stats, n_null_draws=500 if args.task == "induction" else 0)
+
+
+def _run_ablation(args: argparse.Namespace, ref, checkpoint, report, here, spec) -> dict:
+    """Group ablation of --heads (default: the screened circuit at the chosen checkpoint, else top-K)."""
+    from core.ablation.engine import ablation_study
+    from core.model.loading import load_model
+    from core.pipelines.recipe import build_probe
+
+    model = load_model(ref, checkpoint.revision, device=args.device)
+    if args.heads:
+        heads = parse_heads(args.heads, int(model.cfg.n_layers), int(model.cfg.n_heads))
+    else:
+        heads = here.induction_heads
+        if len(heads) == 0:
+            heads = HeadSet(tuple(report.spectral.top_heads))
+            print(f"no head reaches the membership threshold ({here.induction_threshold:.3g}x) at "
+                  f"{checkpoint.revision}; ablating the top-K spectral heads instead.")
+    batch = build_probe(spec)
+    start = time.perf_counter()
+    result = ablation_study(model, batch, heads, n_controls=args.controls, controls=args.control_kind,
+                            mode=args.mode, seed=args.control_seed, device=args.device)
+    seconds = time.perf_counter() - start
+    for name, verdict in result.verdicts.items():
+        print(f"{name}: {verdict.label} ({verdict.rule})")
+    print(f"ablated {', '.join(head_name(h) for h in heads)} with {len(result.controls)} controls in {seconds:.1f}s")
+    return {"result": result, "seconds": seconds}

@@ -1,0 +1,1 @@
+"""Model references, checkpoints, loading and the hook / weight views of a loaded model."""

@@ -1,0 +1,679 @@
+"""Circuits over training: when the spectral signal rises, when selectivity crosses its threshold,
+when the recipe already names the final circuit, and whether circuits carry over between seeds, a
+data shift, and from form (selectivity) to function (closure).
+
+METHODS.md, "Claims worth reproducing on small models": [SPC] predictive timing, identifiability
+from a small fraction of the training tokens, seed specificity, stability under a data shift;
+[CVC] form and function decouple over training. Pure functions on hand-made arrays come first;
+the drivers below them run models only through the recipe's cached HeadStats and the ablation
+engine.
+
+Choices fixed here (named in every result):
+- Membership selectivity is the recipe's: induction selectivity against the uniform baseline
+  1/(q+1), at the threshold `core.pipelines.recipe.scaled_induction_threshold` (50x at T = 256, scaled to the
+  probe length) unless a threshold is given. "Reaches the threshold" is >=, as the recipe's.
+- The PR rise is the first checkpoint where PR - (running minimum of PR up to and including that
+  checkpoint) >= margin (PR units). The running minimum lets a PR that first falls from its
+  random-init value and then climbs count from the bottom of its dip.
+- "The recipe run on checkpoints up to t" returns the heads at or above the membership threshold
+  at checkpoint t (`ScreenReport.candidate_circuit` of a screen truncated at t: Step 1's PR-integral
+  ranks heads but does not change the candidate). Its fraction of training is tokens[t] / tokens[-1].
+- Jaccard of two empty sets is 1 (they are the same set).
+- Cross-seed cells ablate seed A's circuit in model B against matched-random controls drawn in B
+  (same layers and counts, disjoint from A's circuit); when A's circuit holds more than half of a
+  layer no matched control exists, and the cell uses any-layer controls and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from core.errors import HeadLabError
+from core.heads import HeadSet, head_name, parse_heads
+
+Head = tuple[int, int]
+ProgressFn = Callable[[int, int, str], None]  # (done, total, what)
+
+DEFAULT_MARGIN = 0.5  # PR units above the running minimum
+IDENTIFIABLE_BAND = (0.003, 0.02)  # [SPC]: identifiable from 0.3-2% of the training tokens
+Z_THRESHOLD = 1.8  # closure / significance threshold on |z| (METHODS.md, closure test)
+FORM_FUNCTION_LABELS = ("form and function", "function without form", "form without function", "neither")
+
+
+# ---------------------------------------------------------------------------------------------
+# pure functions
+
+
+class Mark(NamedTuple):
+    """A checkpoint picked on a trajectory: its index and token count (both None when never)."""
+
+    index: Optional[int]
+    tokens: Optional[float]
+
+    def to_json(self) -> dict:
+        return {"index": self.index, "tokens": self.tokens}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Mark":
+        return cls(data.get("index"), data.get("tokens"))
+
+
+def _series(tokens: Any, values: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
+    tok = np.asarray(tokens, dtype=np.float64).reshape(-1)
+    val = np.asarray(values, dtype=np.float64).reshape(-1)
+    if tok.size != val.size or tok.size == 0:
+        raise HeadLabError(f"{name} has {val.size} values for {tok.size} token counts; pass one value per checkpoint.")
+    if np.any(np.diff(tok) < 0):
+        raise HeadLabError("checkpoint token counts must be sorted by training tokens; sort the checkpoints first.")
+    return tok, val
+
+
+def _mark(tok: np.ndarray, hits: np.ndarray) -> Mark:
+    found = np.flatnonzero(hits)
+    if found.size == 0:
+        return Mark(None, None)
+    i = int(found[0])
+    return Mark(i, float(tok[i]))
+
+
+def threshold_crossing(tokens: Any, selectivity: Any, threshold: float) -> Mark:
+    """The first checkpoint whose selectivity reaches `threshold` (>=). tokens, selectivity: [checkpoint].
+
+    NaN never reaches it. Mark(None, None) when no checkpoint does.
+    """
+    tok, sel = _series(tokens, selectivity, "selectivity")
+    return _mark(tok, np.nan_to_num(sel, nan=-np.inf) >= float(threshold))
+
+
+def running_minimum(values: Any) -> np.ndarray:
+    """min(values[0..t]) for every t; NaN values are skipped (a leading NaN stays NaN). values: [checkpoint]."""
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    filled = np.where(np.isnan(v), np.inf, v)
+    out = np.minimum.accumulate(filled)
+    return np.where(np.isinf(out), np.nan, out)
+
+
+def pr_rise(tokens: Any, pr: Any, margin: float = DEFAULT_MARGIN) -> Mark:
+    """The first checkpoint where PR exceeds its running minimum by at least `margin` (PR units).
+
+    tokens, pr: [checkpoint]. The running minimum includes the checkpoint itself, so the first
+    checkpoint never rises. Mark(None, None) when PR never climbs that far above its lowest point.
+    """
+    if not float(margin) > 0:
+        raise HeadLabError(f"the PR-rise margin must be positive, got {margin}; use e.g. 0.5 PR units.")
+    tok, values = _series(tokens, pr, "PR")
+    floor = running_minimum(values)
+    with np.errstate(invalid="ignore"):
+        hits = np.nan_to_num(values - floor, nan=-np.inf) >= float(margin)
+    return _mark(tok, hits)
+
+
+def jaccard(a: Iterable[Head], b: Iterable[Head]) -> float:
+    """|A ∩ B| / |A ∪ B| of two head sets; 1.0 when both are empty (the same set)."""
+    sa, sb = set(HeadSet(tuple(a))), set(HeadSet(tuple(b)))
+    union = sa | sb
+    return 1.0 if not union else len(sa & sb) / len(union)
+
+
+def circuits_by_checkpoint(membership: Any, threshold: float) -> tuple[HeadSet, ...]:
+    """The induction circuit at each checkpoint: heads with membership selectivity >= threshold.
+
+    membership: [checkpoint, layer, head] -> one HeadSet per checkpoint.
+    """
+    m = np.asarray(membership, dtype=np.float64)
+    if m.ndim != 3:
+        raise HeadLabError(f"membership selectivity must be [checkpoint, layer, head], got shape {m.shape}.")
+    return tuple(HeadSet.from_mask(np.nan_to_num(m[c], nan=-np.inf) >= float(threshold)) for c in range(m.shape[0]))
+
+
+@dataclass(frozen=True)
+class Identification:
+    """When the recipe, run on checkpoints up to t, already returns the final circuit.
+
+    jaccards: [checkpoint] Jaccard(circuit at t, final circuit). first: the earliest t with
+    Jaccard 1; stable: the earliest t from which every later checkpoint also has Jaccard 1.
+    Fractions are tokens[t] / tokens[-1]. None when the final circuit is never matched earlier
+    (the final checkpoint always matches itself).
+    """
+
+    tokens: tuple[float, ...]
+    jaccards: tuple[float, ...]
+    sizes: tuple[int, ...]
+    final_circuit: HeadSet
+    first: Mark
+    stable: Mark
+    first_fraction: Optional[float]
+    stable_fraction: Optional[float]
+
+    def to_json(self) -> dict:
+        return {"tokens": list(self.tokens), "jaccards": list(self.jaccards), "sizes": list(self.sizes),
+                "final_circuit": str(self.final_circuit), "first": self.first.to_json(),
+                "stable": self.stable.to_json(), "first_fraction": self.first_fraction,
+                "stable_fraction": self.stable_fraction}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Identification":
+        text = data["final_circuit"]
+        return cls(tuple(float(t) for t in data["tokens"]), tuple(float(j) for j in data["jaccards"]),
+                   tuple(int(s) for s in data["sizes"]), parse_heads(text) if text else HeadSet(),
+                   Mark.from_json(data["first"]), Mark.from_json(data["stable"]), data["first_fraction"],
+                   data["stable_fraction"])
+
+
+def earliest_identifying_checkpoint(tokens: Any, circuits: Sequence[Iterable[Head]],
+                                    final: Optional[Iterable[Head]] = None) -> Identification:
+    """The earliest checkpoint whose circuit equals the final one (Jaccard 1), as a fraction of tokens.
+
+    tokens: [checkpoint], sorted; circuits: the circuit each truncated recipe run returns (e.g.
+    circuits_by_checkpoint); final: the reference circuit (default: the last checkpoint's).
+    """
+    tok = np.asarray(tokens, dtype=np.float64).reshape(-1)
+    sets = [HeadSet(tuple(c)) for c in circuits]
+    if tok.size != len(sets) or not sets:
+        raise HeadLabError(f"{len(sets)} circuits for {tok.size} token counts; pass one circuit per checkpoint.")
+    if np.any(np.diff(tok) < 0):
+        raise HeadLabError("checkpoint token counts must be sorted by training tokens; sort the checkpoints first.")
+    reference = sets[-1] if final is None else HeadSet(tuple(final))
+    jac = np.array([jaccard(s, reference) for s in sets])  # [checkpoint]
+    equal = jac >= 1.0
+    first = _mark(tok, equal)
+    # stable: the first index after the last mismatch, if that index exists
+    mismatches = np.flatnonzero(~equal)
+    start = 0 if mismatches.size == 0 else int(mismatches[-1]) + 1
+    stable = Mark(start, float(tok[start])) if start < tok.size else Mark(None, None)
+    total = float(tok[-1])
+
+    def fraction(mark: Mark) -> Optional[float]:
+        return None if mark.index is None or total <= 0 else float(tok[mark.index]) / total
+
+    return Identification(tuple(tok.tolist()), tuple(jac.tolist()), tuple(len(s) for s in sets), reference,
+                          first, stable, fraction(first), fraction(stable))
+
+
+@dataclass(frozen=True)
+class HeadTiming:
+    """One head's PR rise and threshold crossing; lead = log10(crossing tokens / rise tokens), decades."""
+
+    head: Head
+    rise: Mark
+    crossing: Mark
+
+    @property
+    def lead_decades(self) -> Optional[float]:
+        if self.rise.tokens is None or self.crossing.tokens is None or self.rise.tokens <= 0 or self.crossing.tokens <= 0:
+            return None
+        return math.log10(self.crossing.tokens / self.rise.tokens)
+
+    @property
+    def rise_first(self) -> bool:
+        """The PR rise happens at a strictly earlier checkpoint than the threshold crossing."""
+        return self.rise.index is not None and self.crossing.index is not None and self.rise.index < self.crossing.index
+
+    def to_json(self) -> dict:
+        return {"head": head_name(self.head), "rise": self.rise.to_json(), "crossing": self.crossing.to_json(),
+                "lead_decades": self.lead_decades, "rise_first": self.rise_first}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "HeadTiming":
+        return cls(parse_heads(data["head"]).heads[0], Mark.from_json(data["rise"]), Mark.from_json(data["crossing"]))
+
+
+def timing_events(tokens: Any, pr: Any, membership: Any, heads: Iterable[Head], threshold: float,
+                  margin: float = DEFAULT_MARGIN) -> tuple[HeadTiming, ...]:
+    """PR rise and threshold crossing of each head. pr, membership: [checkpoint, layer, head]."""
+    p = np.asarray(pr, dtype=np.float64)
+    m = np.asarray(membership, dtype=np.float64)
+    if p.ndim != 3 or p.shape != m.shape:
+        raise HeadLabError(f"PR {p.shape} and membership {m.shape} must both be [checkpoint, layer, head].")
+    out = []
+    for layer, head in HeadSet(tuple(heads)).validate(p.shape[1], p.shape[2]):
+        out.append(HeadTiming((layer, head), pr_rise(tokens, p[:, layer, head], margin),
+                              threshold_crossing(tokens, m[:, layer, head], threshold)))
+    return tuple(out)
+
+
+def form_function_labels(form: Sequence[bool], function: Sequence[bool]) -> tuple[str, ...]:
+    """Per checkpoint: "form and function", "function without form", "form without function" or "neither"."""
+    if len(form) != len(function):
+        raise HeadLabError(f"{len(form)} form flags for {len(function)} function flags; pass one of each per checkpoint.")
+    names = {(True, True): FORM_FUNCTION_LABELS[0], (False, True): FORM_FUNCTION_LABELS[1],
+             (True, False): FORM_FUNCTION_LABELS[2], (False, False): FORM_FUNCTION_LABELS[3]}
+    return tuple(names[(bool(a), bool(b))] for a, b in zip(form, function))
+
+
+def cell_summary(result: Any, circuit_b: Optional[Iterable[Head]] = None) -> dict:
+    """The figures of one ablation (core.ablation.engine.AblationResult) a cross-seed cell keeps.
+
+    Per metric: clean value, candidate delta, control mean and std, z, empirical p; the recipe
+    verdict; control kind and count; and Jaccard with the target model's own circuit when given.
+    """
+    out: dict[str, Any] = {"selection": str(result.selection), "n_controls": len(result.controls),
+                           "control_kind": result.control_sets.kind, "notes": list(result.notes)}
+    for metric, stats in result.stats.items():
+        out[metric] = {k: stats.get(k) for k in ("clean", "candidate_delta", "control_mean", "control_std", "z", "p")}
+    recipe = result.verdicts.get("recipe")
+    out["recipe_verdict"] = None if recipe is None else recipe.label
+    closure = result.verdicts.get("closure_paper")
+    out["closure_verdict"] = None if closure is None else closure.label
+    if circuit_b is not None:
+        out["jaccard_with_own"] = jaccard(result.selection, circuit_b)
+    return out
+
+
+def seed_specificity(cells: Sequence[Sequence[Optional[dict]]], metric: str = "loss") -> dict:
+    """Own-model (diagonal) vs other-model (off-diagonal) cells of a cross-seed matrix.
+
+    cells[a][b]: cell_summary of circuit a ablated in model b, or None (not computable).
+    Returns the z and delta lists and their medians; None medians when a side has no cells.
+    """
+    n = len(cells)
+    diag_z, diag_d, off_z, off_d = [], [], [], []
+    for a in range(n):
+        if len(cells[a]) != n:
+            raise HeadLabError("the cross-seed matrix must be square (one row and one column per model).")
+        for b in range(n):
+            cell = cells[a][b]
+            if cell is None or cell.get(metric, {}).get("z") is None:
+                continue
+            (diag_z if a == b else off_z).append(float(cell[metric]["z"]))
+            (diag_d if a == b else off_d).append(float(cell[metric]["candidate_delta"]))
+
+    def median(values: list) -> Optional[float]:
+        return float(np.median(values)) if values else None
+
+    return {"metric": metric, "diagonal_z": diag_z, "off_diagonal_z": off_z, "diagonal_delta": diag_d,
+            "off_diagonal_delta": off_d, "median_diagonal_z": median(diag_z), "median_off_diagonal_z": median(off_z),
+            "median_diagonal_delta": median(diag_d), "median_off_diagonal_delta": median(off_d)}
+
+
+# ---------------------------------------------------------------------------------------------
+# trajectories over training (through the recipe's HeadStats cache)
+
+
+@dataclass(frozen=True, eq=False)
+class Trajectories:
+    """PR and induction-membership selectivity of every head at every checkpoint of one model.
+
+    pr: [checkpoint, layer, head] (definition named); membership: [checkpoint, layer, head], induction
+    selectivity against the uniform baseline; tokens, revisions: [checkpoint], sorted by tokens.
+    """
+
+    model: str
+    probe_spec: dict
+    revisions: tuple[str, ...]
+    tokens: tuple[float, ...]
+    pr: np.ndarray
+    membership: np.ndarray
+    induction_threshold: float
+    definition: str = "entropy"
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return int(self.pr.shape[1]), int(self.pr.shape[2])
+
+    @property
+    def circuits(self) -> tuple[HeadSet, ...]:
+        return circuits_by_checkpoint(self.membership, self.induction_threshold)
+
+    @property
+    def final_circuit(self) -> HeadSet:
+        return self.circuits[-1]
+
+    def identification(self) -> Identification:
+        return earliest_identifying_checkpoint(self.tokens, self.circuits)
+
+    def timing(self, heads: Iterable[Head] | None = None, margin: float = DEFAULT_MARGIN) -> tuple[HeadTiming, ...]:
+        heads = self.final_circuit if heads is None else heads
+        return timing_events(self.tokens, self.pr, self.membership, heads, self.induction_threshold, margin)
+
+    def to_json(self) -> dict:
+        return {"model": self.model, "probe_spec": self.probe_spec, "revisions": list(self.revisions),
+                "tokens": list(self.tokens), "pr": self.pr.tolist(), "membership": self.membership.tolist(),
+                "induction_threshold": self.induction_threshold, "definition": self.definition,
+                "membership_baseline": "uniform"}
+
+    @classmethod
+    def from_json(cls, data: dict | str) -> "Trajectories":
+        data = json.loads(data) if isinstance(data, str) else data
+        return cls(data["model"], dict(data["probe_spec"]), tuple(data["revisions"]),
+                   tuple(float(t) for t in data["tokens"]), np.asarray(data["pr"], dtype=np.float64),
+                   np.asarray(data["membership"], dtype=np.float64), float(data["induction_threshold"]),
+                   data.get("definition", "entropy"))
+
+
+def _induction_spec(spec: Any) -> None:
+    from core.tasks import InductionProbeSpec
+
+    if not isinstance(spec, InductionProbeSpec):
+        raise HeadLabError("training dynamics need the synthetic induction probe (its p+1 target); pick task 'induction'.")
+
+
+def training_trajectories(ref: Any, spec: Any, definition: str = "entropy", induction_threshold: Optional[float] = None,
+                          device: str = "cpu", progress: Optional[ProgressFn] = None) -> Trajectories:
+    """PR and membership selectivity of every head at every checkpoint (one cached pass per checkpoint)."""
+    from core.model.loading import list_checkpoints, load_config
+    from core.pipelines.recipe import build_probe, head_stats, scaled_induction_threshold, screen_checkpoint
+    from core.stats.spectral import pr_per_head
+    from core.store import check_spec_fits_config
+
+    _induction_spec(spec)
+    checkpoints = list_checkpoints(ref)
+    check_spec_fits_config(spec, load_config(ref, checkpoints[-1].revision))
+    batch = build_probe(spec)
+    threshold = scaled_induction_threshold(batch.query_pos) if induction_threshold is None else float(induction_threshold)
+    pr, member = [], []
+    for i, ckpt in enumerate(checkpoints):
+        stats = head_stats(ref, ckpt, batch, device=device)
+        pr.append(pr_per_head(stats.z_query, definition))  # [layer, head]
+        member.append(screen_checkpoint(stats, induction_threshold=threshold, n_null_draws=0).membership)  # [layer, head]
+        if progress:
+            progress(i + 1, len(checkpoints), ckpt.revision)
+    return Trajectories(ref.name, dict(batch.spec), tuple(c.revision for c in checkpoints),
+                        tuple(float(c.tokens) for c in checkpoints), np.stack(pr), np.stack(member), threshold,
+                        definition)
+
+
+# ---------------------------------------------------------------------------------------------
+# cross-seed ablation
+
+
+@dataclass(frozen=True)
+class CrossSeedMatrix:
+    """cells[a][b]: circuit of models[a] ablated in models[b] (cell_summary), or None with reasons[a][b]."""
+
+    models: tuple[str, ...]
+    circuits: tuple[str, ...]  # "L1H1,L1H2" per model (its final circuit)
+    cells: tuple[tuple[Optional[dict], ...], ...]
+    reasons: tuple[tuple[str, ...], ...]
+    settings: dict = field(default_factory=dict)
+
+    def specificity(self, metric: str = "loss") -> dict:
+        return seed_specificity(self.cells, metric)
+
+    def to_json(self) -> dict:
+        return {"models": list(self.models), "circuits": list(self.circuits),
+                "cells": [list(row) for row in self.cells], "reasons": [list(r) for r in self.reasons],
+                "settings": self.settings, "specificity": self.specificity()}
+
+    @classmethod
+    def from_json(cls, data: dict | str) -> "CrossSeedMatrix":
+        data = json.loads(data) if isinstance(data, str) else data
+        return cls(tuple(data["models"]), tuple(data["circuits"]), tuple(tuple(r) for r in data["cells"]),
+                   tuple(tuple(r) for r in data["reasons"]), dict(data.get("settings", {})))
+
+
+def final_circuit(ref: Any, spec: Any, induction_threshold: Optional[float] = None, device: str = "cpu") -> HeadSet:
+    """The recipe's candidate circuit at the final checkpoint (membership >= threshold)."""
+    from core.model.loading import list_checkpoints, load_config
+    from core.pipelines.recipe import build_probe, head_stats, screen_checkpoint
+    from core.store import check_spec_fits_config
+
+    _induction_spec(spec)
+    checkpoint = list_checkpoints(ref)[-1]
+    check_spec_fits_config(spec, load_config(ref, checkpoint.revision))
+    batch = build_probe(spec)
+    stats = head_stats(ref, checkpoint, batch, device=device)
+    return screen_checkpoint(stats, induction_threshold=induction_threshold, n_null_draws=0).induction_heads
+
+
+def ablate_with_controls(model: Any, batch: Any, selection: HeadSet, n_controls: int, seed: int, mode: str = "zero",
+                         device: str = "cpu", include_upper_bound: bool = True):
+    """ablation_study with matched-random controls, falling back to any-layer controls (noted) when
+    the selection holds more than half of a layer."""
+    from core.ablation.engine import ablation_study
+
+    try:
+        return ablation_study(model, batch, selection, n_controls=n_controls, controls="matched", mode=mode, seed=seed,
+                              device=device, include_upper_bound=include_upper_bound)
+    except HeadLabError as exc:
+        if "more than half" not in str(exc):
+            raise
+        result = ablation_study(model, batch, selection, n_controls=n_controls, controls="any-layer", mode=mode,
+                                seed=seed, device=device, include_upper_bound=include_upper_bound)
+        return replace(result, notes=result.notes + (f"matched controls impossible ({exc}); used any-layer controls.",))
+
+
+def _stored_cell(path: Optional[Path], settings: dict) -> Optional[dict]:
+    if path is None or not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if data.get("settings") == settings else None
+
+
+def cross_seed_matrix(models: Sequence[Any], spec: Any, circuits: Optional[dict[str, HeadSet]] = None,
+                      n_controls: int = 20, seed: int = 123, mode: str = "zero", device: str = "cpu",
+                      progress: Optional[ProgressFn] = None, store_dir: Optional[Path] = None,
+                      force: bool = False) -> CrossSeedMatrix:
+    """Ablate every model's circuit in every model, each against matched-random controls in the target.
+
+    models: ModelRefs; circuits: {model name: HeadSet} (default: each model's final circuit).
+    store_dir: one JSON per cell, reused when its settings match (unless force), so a long run resumes.
+    """
+    from core.model.loading import list_checkpoints, load_model
+    from core.pipelines.recipe import build_probe
+    from core.workspace import atomic_write_json
+
+    _induction_spec(spec)
+    refs = list(models)
+    if not refs:
+        raise HeadLabError("the cross-seed matrix needs at least one model; pick induction models.")
+    names = [r.name for r in refs]
+    if len(set(names)) != len(names):
+        raise HeadLabError("a model appears twice in the cross-seed matrix; list each model once.")
+    circuits = dict(circuits or {})
+    for ref in refs:
+        if ref.name not in circuits:
+            circuits[ref.name] = final_circuit(ref, spec, device=device)
+    batch = build_probe(spec)
+    settings = {"probe_spec": dict(batch.spec), "n_controls": int(n_controls), "control_seed": int(seed), "mode": mode}
+    n = len(refs)
+    cells: list[list[Optional[dict]]] = [[None] * n for _ in range(n)]
+    reasons = [[""] * n for _ in range(n)]
+    done, total = 0, n * n
+    for b, ref_b in enumerate(refs):
+        model_b = None
+        final_b = list_checkpoints(ref_b)[-1].revision
+        for a, ref_a in enumerate(refs):
+            circuit = circuits[ref_a.name]
+            cell_settings = {**settings, "source": ref_a.name, "target": ref_b.name, "revision": final_b,
+                             "circuit": str(circuit), "own_circuit": str(circuits[ref_b.name])}
+            path = None if store_dir is None else Path(store_dir) / f"{ref_a.name}__in__{ref_b.name}.json"
+            stored = None if force else _stored_cell(path, cell_settings)
+            if stored is not None:
+                cells[a][b], reasons[a][b] = stored["cell"], stored["reason"]
+            elif len(circuit) == 0:
+                reasons[a][b] = f"{ref_a.name} has no circuit (no head reaches the membership threshold)."
+            else:
+                if model_b is None:
+                    model_b = load_model(ref_b, final_b, device=device)
+                try:
+                    circuit.validate(int(model_b.cfg.n_layers), int(model_b.cfg.n_heads))
+                    result = ablate_with_controls(model_b, batch, circuit, n_controls, seed, mode, device)
+                    cells[a][b] = cell_summary(result, circuits[ref_b.name])
+                except HeadLabError as exc:
+                    reasons[a][b] = str(exc)
+                if path is not None:
+                    atomic_write_json(path, {"settings": cell_settings, "cell": cells[a][b], "reason": reasons[a][b]})
+            done += 1
+            if progress:
+                progress(done, total, f"{ref_a.name} in {ref_b.name}")
+    return CrossSeedMatrix(tuple(names), tuple(str(circuits[nm]) for nm in names),
+                           tuple(tuple(r) for r in cells), tuple(tuple(r) for r in reasons), settings)
+
+
+# ---------------------------------------------------------------------------------------------
+# data shift
+
+
+@dataclass(frozen=True)
+class DataShift:
+    """Circuit membership of a base model and of its continuation on another distribution.
+
+    jaccards: [checkpoint of the shifted run] Jaccard(shifted circuit at t, base final circuit).
+    """
+
+    base: str
+    shifted: str
+    base_circuit: HeadSet
+    shifted_circuit: HeadSet
+    jaccard: float
+    tokens: tuple[float, ...]
+    revisions: tuple[str, ...]
+    jaccards: tuple[float, ...]
+    induction_threshold: float
+
+    def to_json(self) -> dict:
+        return {"base": self.base, "shifted": self.shifted, "base_circuit": str(self.base_circuit),
+                "shifted_circuit": str(self.shifted_circuit), "jaccard": self.jaccard, "tokens": list(self.tokens),
+                "revisions": list(self.revisions), "jaccards": list(self.jaccards),
+                "induction_threshold": self.induction_threshold}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "DataShift":
+        def heads(text: str) -> HeadSet:
+            return parse_heads(text) if text else HeadSet()
+
+        return cls(data["base"], data["shifted"], heads(data["base_circuit"]), heads(data["shifted_circuit"]),
+                   float(data["jaccard"]), tuple(data["tokens"]), tuple(data["revisions"]), tuple(data["jaccards"]),
+                   float(data["induction_threshold"]))
+
+
+def data_shift_jaccard(base: Trajectories, shifted: Trajectories) -> DataShift:
+    """Jaccard of the base model's final circuit with the shifted model's (final, and at each checkpoint).
+
+    Both trajectories must use one membership threshold and one model shape.
+    """
+    if base.shape != shifted.shape:
+        raise HeadLabError(f"{base.model} {base.shape} and {shifted.model} {shifted.shape} differ in shape; "
+                           "pick a shifted model continued from the base model.")
+    if not math.isclose(base.induction_threshold, shifted.induction_threshold):
+        raise HeadLabError("the two models were screened at different membership thresholds; screen both with one probe.")
+    reference = base.final_circuit
+    circuits = shifted.circuits
+    return DataShift(base.model, shifted.model, reference, circuits[-1], jaccard(reference, circuits[-1]),
+                     shifted.tokens, shifted.revisions, tuple(jaccard(reference, c) for c in circuits),
+                     base.induction_threshold)
+
+
+def continued_from(name: str) -> Optional[str]:
+    """The zoo model `name` was continued from (its manifest's train.init_from), else None."""
+    from core.model.loading import read_manifest
+
+    try:
+        return (read_manifest(name).get("config", {}).get("train", {}) or {}).get("init_from")
+    except HeadLabError:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# form vs function over training [CVC]
+
+
+@dataclass(frozen=True)
+class FormFunction:
+    """The circuit's selectivity (form) and its closure damage (function) at every checkpoint.
+
+    form_score: [checkpoint] mean membership selectivity of the circuit's heads; form: >= threshold.
+    cells: [checkpoint] cell_summary of ablating the circuit against controls at that checkpoint;
+    function: the closure verdict (rule named) is "pass".
+    """
+
+    model: str
+    circuit: HeadSet
+    revisions: tuple[str, ...]
+    tokens: tuple[float, ...]
+    form_score: tuple[float, ...]
+    cells: tuple[dict, ...]
+    induction_threshold: float
+    settings: dict
+
+    @property
+    def form(self) -> tuple[bool, ...]:
+        return tuple(bool(s >= self.induction_threshold) for s in self.form_score)
+
+    @property
+    def function(self) -> tuple[bool, ...]:
+        return tuple(c.get("closure_verdict") == "pass" for c in self.cells)
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return form_function_labels(self.form, self.function)
+
+    def counts(self) -> dict[str, int]:
+        labels = self.labels
+        return {name: int(sum(label == name for label in labels)) for name in FORM_FUNCTION_LABELS}
+
+    def to_json(self) -> dict:
+        return {"model": self.model, "circuit": str(self.circuit), "revisions": list(self.revisions),
+                "tokens": list(self.tokens), "form_score": list(self.form_score), "cells": list(self.cells),
+                "induction_threshold": self.induction_threshold, "settings": self.settings,
+                "form": list(self.form), "function": list(self.function), "labels": list(self.labels),
+                "counts": self.counts()}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "FormFunction":
+        return cls(data["model"], parse_heads(data["circuit"]), tuple(data["revisions"]),
+                   tuple(float(t) for t in data["tokens"]), tuple(float(s) for s in data["form_score"]),
+                   tuple(data["cells"]), float(data["induction_threshold"]), dict(data["settings"]))
+
+
+def form_vs_function(ref: Any, circuit: HeadSet, spec: Any, trajectories: Optional[Trajectories] = None,
+                     n_controls: int = 5, seed: int = 123, mode: str = "zero", device: str = "cpu",
+                     progress: Optional[ProgressFn] = None, revisions: Optional[Sequence[str]] = None) -> FormFunction:
+    """Closure damage of `circuit` against selectivity at every checkpoint [CVC developmental test].
+
+    At each checkpoint the circuit is ablated against n_controls matched-random sets (reference: 5)
+    and judged by the paper closure rule (every delta damaging, z_logit < -1.8); its form score is
+    the mean membership selectivity of its heads there. revisions: only these checkpoints (default all).
+    """
+    from core.model.loading import load_model
+    from core.pipelines.recipe import build_probe
+
+    circuit = circuit if isinstance(circuit, HeadSet) else HeadSet(tuple(circuit))
+    if len(circuit) == 0:
+        raise HeadLabError("the circuit is empty; pick heads (e.g. the final induction circuit) to follow over training.")
+    traj = trajectories or training_trajectories(ref, spec, device=device)
+    circuit.validate(*traj.shape)
+    batch = build_probe(spec)
+    if revisions is None:
+        picked = list(range(len(traj.revisions)))
+    else:
+        unknown = [r for r in revisions if r not in traj.revisions]
+        if unknown or not revisions:
+            raise HeadLabError(f"no checkpoint(s) {', '.join(unknown) or '(none given)'} in {traj.model}; "
+                               "pick revisions the model has.")
+        picked = [traj.revisions.index(r) for r in traj.revisions if r in set(revisions)]
+    layers = [l for l, _ in circuit]
+    heads = [h for _, h in circuit]
+    form_score = traj.membership[picked][:, layers, heads].mean(axis=1)  # [picked checkpoint]
+    cells = []
+    for i, index in enumerate(picked):
+        revision = traj.revisions[index]
+        model = load_model(ref, revision, device=device)
+        result = ablate_with_controls(model, batch, circuit, n_controls, seed, mode, device, include_upper_bound=False)
+        cells.append(cell_summary(result))
+        if progress:
+            progress(i + 1, len(picked), revision)
+    settings = {"probe_spec": dict(batch.spec), "n_controls": int(n_controls), "control_seed": int(seed), "mode": mode,
+                "closure_rule": "paper: every delta damaging and z_target_logit < -1.8",
+                "form": f"mean membership selectivity of the circuit >= {traj.induction_threshold:.3g}x (uniform baseline)"}
+    return FormFunction(ref.name, circuit, tuple(traj.revisions[i] for i in picked), tuple(traj.tokens[i] for i in picked),
+                        tuple(float(s) for s in form_score), tuple(cells), traj.induction_threshold, settings)
+
+
+__all__ = [
+    "DEFAULT_MARGIN", "FORM_FUNCTION_LABELS", "IDENTIFIABLE_BAND", "CrossSeedMatrix", "DataShift", "FormFunction",
+    "HeadTiming", "Identification", "Mark", "Trajectories", "ablate_with_controls", "cell_summary",
+    "circuits_by_checkpoint", "continued_from", "cross_seed_matrix", "data_shift_jaccard",
+    "earliest_identifying_checkpoint", "final_circuit", "form_function_labels", "form_vs_function", "jaccard",
+    "pr_rise", "running_minimum", "seed_specificity", "threshold_crossing", "timing_events", "training_trajectories",
+]

@@ -1,0 +1,288 @@
+"""Proposers vs disposer: four ways to propose a circuit, one closure test to judge them all.
+
+Each method proposes a head set on the same model, checkpoint and probe batch:
+
+- "spectral":      the top heads by PR-integral (Step 1 of [SPC]);
+- "pattern screen": the heads at or above the induction membership threshold (Step 2 of [SPC]);
+- "co-activation": the candidate Ising community ([CVC]), when core.pipelines.coactivation can propose one;
+- "gradient":      the heads with the largest loss gradient on the probe ([HHG]'s G, the paper's
+                   normalised W_V + W_O block norm, at the query position of the probe batch).
+
+The spectral and gradient proposals take as many heads as the pattern-screen circuit (or `size`
+when given), so proposals of equal size compete. Every proposal is then ablated with the same
+ablation engine, the same number and kind of random controls (any-layer by default, since the
+proposals sit in different layers) and the same seed, and judged by the same closure rules
+(METHODS.md "Closure test"). A proposal that cannot be made (no co-activation candidate, an
+empty screen) is listed with its reason, never dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+import torch
+
+from core.errors import HeadLabError
+from core.heads import HeadSet, head_name, parse_heads
+from core.store import add_probe_spec_arguments, probe_spec_from_args
+
+PROPOSERS = ("spectral", "pattern screen", "co-activation", "gradient")
+DEFAULT_CONTROLS = 20
+DEFAULT_SIZE_WHEN_SCREEN_EMPTY = 4
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """One method's proposed circuit, or the reason it proposes none (heads empty)."""
+
+    method: str
+    heads: HeadSet
+    rationale: str
+
+    def to_json(self) -> dict:
+        return {"method": self.method, "heads": [head_name(h) for h in self.heads], "rationale": self.rationale}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Proposal":
+        heads = parse_heads(", ".join(data["heads"])) if data["heads"] else HeadSet.of(())
+        return cls(data["method"], heads, data["rationale"])
+
+
+@dataclass(frozen=True)
+class Disposal:
+    """The closure test of one proposal: per-metric candidate delta, control mean/std and z; verdicts."""
+
+    proposal: Proposal
+    metrics: dict            # metric -> {"candidate_delta", "control_mean", "control_std", "z"}
+    verdict_paper: str       # "pass" | "fail" | "fails in the wrong direction" | "not tested"
+    verdict_reference: str
+    reasons: tuple[str, ...]
+
+    def to_json(self) -> dict:
+        return {"proposal": self.proposal.to_json(), "metrics": self.metrics, "verdict_paper": self.verdict_paper,
+                "verdict_reference": self.verdict_reference, "reasons": list(self.reasons)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Disposal":
+        return cls(Proposal.from_json(data["proposal"]), data["metrics"], data["verdict_paper"],
+                   data["verdict_reference"], tuple(data["reasons"]))
+
+
+@dataclass(frozen=True)
+class ProposersReport:
+    """All proposals on one model and checkpoint, each disposed by the same closure test."""
+
+    disposals: tuple[Disposal, ...]
+    provenance: dict
+
+    def survivors(self) -> tuple[str, ...]:
+        return tuple(d.proposal.method for d in self.disposals if d.verdict_paper == "pass")
+
+    def rows(self) -> list[dict]:
+        """One flat row per proposal, for tables and CSV export."""
+        out = []
+        for d in self.disposals:
+            row = {"method": d.proposal.method, "heads": ", ".join(head_name(h) for h in d.proposal.heads),
+                   "size": len(d.proposal.heads), "verdict (paper)": d.verdict_paper,
+                   "verdict (reference)": d.verdict_reference}
+            for metric, figures in d.metrics.items():
+                row[f"delta {metric}"] = figures.get("candidate_delta")
+                row[f"z {metric}"] = figures.get("z")
+            row["rationale"] = d.proposal.rationale
+            out.append(row)
+        return out
+
+    def to_json(self) -> dict:
+        return {"disposals": [d.to_json() for d in self.disposals], "survivors": list(self.survivors()),
+                "provenance": self.provenance}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ProposersReport":
+        return cls(tuple(Disposal.from_json(d) for d in data["disposals"]), data["provenance"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The proposers
+# ---------------------------------------------------------------------------------------------
+
+
+def top_heads(values: np.ndarray, size: int) -> HeadSet:
+    """The `size` heads with the largest values ([layer, head]); ties broken by position (stable)."""
+    values = np.asarray(values, dtype=np.float64)  # [layer, head]
+    if values.ndim != 2:
+        raise HeadLabError("top_heads needs a [layer, head] array.")
+    if not 1 <= size <= values.size:
+        raise HeadLabError(f"a proposal of {size} heads is impossible on a model with {values.size} heads; pick 1..{values.size}.")
+    order = np.argsort(-values.ravel(), kind="stable")[:size]
+    n_heads = values.shape[1]
+    return HeadSet.of((int(f) // n_heads, int(f) % n_heads) for f in order)
+
+
+def probe_gradient_magnitudes(hf_model: Any, tokens: torch.Tensor, query_pos: torch.Tensor, target: torch.Tensor,
+                              batch_size: int = 64) -> np.ndarray:
+    """[HHG]'s G on an induction-style probe: [layer, head] float64.
+
+    The loss is the cross-entropy of the target at the query position; G of a head is the Frobenius
+    norm of that loss's gradient over the head's W_V rows and W_O columns together, divided by the
+    square root of their parameter count (the paper's default), averaged over batches of the probe.
+    tokens: [example, pos]; query_pos, target: [example].
+    """
+    from core.pipelines.attribution import block_norms, component_blocks, component_name
+
+    blocks = component_blocks(hf_model)
+    heads = [component_name(layer, h) for layer in range(blocks.n_layers) for h in range(blocks.n_heads)]
+    params = list({id(p.param): p.param for name in heads for p in blocks.paper[name]}.values())
+    device = next(hf_model.parameters()).device
+    was_training = hf_model.training
+    hf_model.eval()
+    saved = [p.requires_grad for p in params]
+    total, n_batches = np.zeros(len(heads)), 0
+    try:
+        for p in params:
+            p.requires_grad_(True)
+        for start in range(0, tokens.shape[0], batch_size):
+            rows = slice(start, start + batch_size)
+            toks = tokens[rows].to(device)
+            q = query_pos[rows].to(device)
+            with torch.enable_grad():
+                logits = hf_model(toks).logits  # [batch, pos, vocab]
+                logits_q = logits[torch.arange(toks.shape[0], device=device), q].float()
+                loss = torch.nn.functional.cross_entropy(logits_q, target[rows].to(device))
+                grads = torch.autograd.grad(loss, params, allow_unused=True)
+            by_id = {id(p): (torch.zeros_like(p) if g is None else g.detach()) for p, g in zip(params, grads)}
+            total += block_norms(blocks.paper, by_id, heads, normalise=True)
+            n_batches += 1
+    finally:
+        for p, flag in zip(params, saved):
+            p.requires_grad_(flag)
+        hf_model.train(was_training)
+    return (total / max(n_batches, 1)).reshape(blocks.n_layers, blocks.n_heads)
+
+
+def spectral_proposal(report: Any, size: int) -> Proposal:
+    """Top heads by PR-integral (report: recipe.ScreenReport)."""
+    heads = top_heads(report.spectral.integral, size)
+    return Proposal("spectral", heads, f"top {size} heads by PR-integral ({report.spectral.definition} PR, "
+                                       f"{report.spectral.rule} rule over {len(report.checkpoints)} checkpoints)")
+
+
+def screen_proposal(report: Any) -> Proposal:
+    """The candidate induction circuit of the pattern screen at the final checkpoint."""
+    threshold = report.final.induction_threshold
+    heads = report.candidate_circuit
+    why = f"induction selectivity >= {threshold:.3g}x (uniform baseline) at the final checkpoint"
+    return Proposal("pattern screen", heads, why if len(heads) else f"no head reaches {threshold:.3g}x: nothing to propose")
+
+
+def gradient_proposal(grad: np.ndarray, size: int) -> Proposal:
+    return Proposal("gradient", top_heads(grad, size),
+                    f"top {size} heads by probe-loss gradient norm (W_V + W_O block / sqrt(count), [HHG] default)")
+
+
+def coactivation_proposal(ref: Any, revision: str, spec: Any, device: str = "cpu") -> Proposal:
+    """The co-activation candidate community, or an empty proposal saying why there is none."""
+    try:
+        from core.pipelines import coactivation
+    except ModuleNotFoundError:
+        return Proposal("co-activation", HeadSet.of(()), "not available: core.pipelines.coactivation is missing")
+    try:
+        report = coactivation.coactivation(ref, revision, spec, run_closure=False, device=device)
+    except HeadLabError as exc:
+        return Proposal("co-activation", HeadSet.of(()), f"no community: {exc}")
+    summary = report.summary()
+    why = (f"candidate Ising community (k = {summary['k']}, {summary['k_rule']}; purity {summary['purity']:.2f}, "
+           f"isolation {summary['isolation']:.2f}), default co-activation settings")
+    return Proposal("co-activation", report.candidate, why)
+
+
+# ---------------------------------------------------------------------------------------------
+# The disposer
+# ---------------------------------------------------------------------------------------------
+
+
+def dispose(model: Any, batch: Any, proposal: Proposal, n_controls: int = DEFAULT_CONTROLS,
+            controls: str = "any-layer", mode: str = "zero", seed: int = 123) -> Disposal:
+    """Ablate one proposal against random controls and apply both closure rules."""
+    from core.ablation.engine import ablation_study
+
+    if len(proposal.heads) == 0:
+        return Disposal(proposal, {}, "not tested", "not tested", (proposal.rationale,))
+    result = ablation_study(model, batch, proposal.heads, n_controls=n_controls, controls=controls, mode=mode,
+                            seed=seed, include_upper_bound=False, n_boot=200)
+    metrics = {m: {k: s.get(k) for k in ("candidate_delta", "control_mean", "control_std", "z")}
+               for m, s in result.stats.items()}
+    paper, reference = result.verdicts["closure_paper"], result.verdicts["closure_reference"]
+    return Disposal(proposal, metrics, paper.label, reference.label, tuple(paper.reasons) + tuple(result.notes))
+
+
+def proposers_vs_disposer(ref: Any, revision: Optional[str], spec: Any, size: Optional[int] = None,
+                          n_controls: int = DEFAULT_CONTROLS, controls: str = "any-layer", mode: str = "zero",
+                          seed: int = 123, device: str = "cpu",
+                          progress: Optional[Callable[[str], None]] = None) -> ProposersReport:
+    """Propose with all four methods on one checkpoint and dispose of each with the same closure test."""
+    from core.model.loading import load_hf_model, load_model, resolve_checkpoint
+    from core.pipelines.recipe import build_probe, screen
+
+    say = progress or (lambda text: None)
+    checkpoint = resolve_checkpoint(ref, revision)
+    say("screening checkpoints (Steps 1-2)")
+    report = screen(ref, spec, device=device)
+    if report.checkpoints[-1].revision != checkpoint.revision:
+        say(f"note: the spectral and screen proposals use the final checkpoint {report.checkpoints[-1].revision}")
+    screen_prop = screen_proposal(report)
+    if size is None:
+        size = len(screen_prop.heads) or DEFAULT_SIZE_WHEN_SCREEN_EMPTY
+    batch = build_probe(spec)
+    say("gradients of the probe loss")
+    hf = load_hf_model(ref, checkpoint.revision, device=device)
+    grad = probe_gradient_magnitudes(hf, batch.tokens, batch.query_pos, batch.target)
+    del hf
+    say("co-activation community")
+    proposals = [spectral_proposal(report, size), screen_prop,
+                 coactivation_proposal(ref, checkpoint.revision, spec, device=device), gradient_proposal(grad, size)]
+    model = load_model(ref, checkpoint.revision, device=device)
+    disposals = []
+    for proposal in proposals:
+        say(f"closure test of the {proposal.method} proposal")
+        disposals.append(dispose(model, batch, proposal, n_controls, controls, mode, seed))
+    provenance = {"model": ref.name, "revision": checkpoint.revision, "tokens": checkpoint.tokens,
+                  "probe_spec": dict(batch.spec), "size": int(size), "n_controls": int(n_controls),
+                  "controls": controls, "mode": mode, "control_seed": int(seed),
+                  "closure_rules": "paper (z_logit < -1.8, all deltas damaging) and reference (outside the control range)",
+                  "gradient": grad.tolist()}
+    return ProposersReport(tuple(disposals), provenance)
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------
+
+
+def add_proposers_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="zoo name, local Hugging Face folder, or hub name")
+    parser.add_argument("--revision", default=None, help="checkpoint (default: the final one)")
+    add_probe_spec_arguments(parser)
+    parser.add_argument("--size", type=int, default=None,
+                        help="heads per spectral/gradient proposal (default: the pattern-screen circuit's size)")
+    parser.add_argument("--controls", type=int, default=DEFAULT_CONTROLS, help="random control sets per proposal")
+    parser.add_argument("--control-kind", choices=("any-layer", "matched"), default="any-layer")
+    parser.add_argument("--mode", choices=("zero", "mean"), default="zero")
+    parser.add_argument("--control-seed", type=int, default=123, help="control draw seed")
+
+
+def cli_proposers(args: argparse.Namespace) -> dict:
+    from core.model.loading import ModelRef
+
+    ref = ModelRef.parse(args.model)
+    report = proposers_vs_disposer(ref, args.revision, probe_spec_from_args(args), args.size, args.controls,
+                                   args.control_kind, args.mode, args.control_seed, args.device, progress=print)
+    for row in report.rows():
+        z = {k[2:]: v for k, v in row.items() if k.startswith("z ") and v is not None}
+        z_text = "  ".join(f"z_{m}={v:+.2f}" for m, v in z.items() if not math.isnan(v))
+        print(f"{row['method']:15s} [{row['heads'] or '-'}]  {row['verdict (paper)']}  {z_text}")
+    print(f"survive closure (paper rule): {', '.join(report.survivors()) or 'none'}")
+    return report.to_json()

@@ -1,0 +1,1 @@
+"""HeadLab's own model zoo: the training loop and the presets."""

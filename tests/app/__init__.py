@@ -1,0 +1,1 @@
+"""App tests: Streamlit AppTest and the Playwright browser walk."""

@@ -1,0 +1,290 @@
+"""Every page of the app on the quick zoo, through streamlit's AppTest (no browser).
+
+Each page must render without an exception; a figure's data must be exactly what core returns for
+the chosen checkpoint, pattern or PR definition; the ablation lab's run button must produce a
+verdict; and errors a user can cause (a typo in a head list, a checkpoint that vanished from disk,
+a local folder that is not a model, a probe too long for the model) must show st.error while the
+page keeps working. Probes are small (N = 32) so the suite stays quick on two CPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+pytestmark = pytest.mark.zoo
+
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
+MODEL = "induction-neox"
+N = 32
+T = 64
+PAGES = ("zoo", "spectral", "screen", "ablation", "inspector")
+ANALYSIS_PAGES = PAGES[1:]
+EXPORTS_PER_FIGURE = 5  # PNG, SVG, PDF, CSV, JSON
+
+
+def make_app(model: str = MODEL, **params) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=900)
+    at.query_params["model"] = model
+    at.query_params["n"] = str(params.pop("n", N))
+    at.query_params["seq_len"] = str(params.pop("seq_len", T))
+    for key, value in params.items():
+        at.query_params[key] = str(value)
+    return at
+
+
+def open_page(at: AppTest, page: str) -> AppTest:
+    """Run the app (first time), then switch to `page` and run it."""
+    at.run()
+    at.switch_page(f"pages/{page}.py")
+    at.run()
+    return at
+
+
+def chart(at: AppTest, key: str) -> dict:
+    """The plotly figure (as JSON) of the chart drawn with widget key `key`."""
+    for element in at.get("plotly_chart"):
+        if element.proto.id.endswith(key):
+            return json.loads(element.proto.spec)
+    raise AssertionError(f"no chart {key!r}; charts: {[e.proto.id[-30:] for e in at.get('plotly_chart')]}")
+
+
+def errors(at: AppTest) -> list[str]:
+    return [e.value for e in at.error]
+
+
+@pytest.fixture(scope="module")
+def report(quick_zoo):
+    """What core returns for the app's default probe at N = 32."""
+    from core.model.loading import ModelRef
+    from core.pipelines.recipe import probe_spec, screen
+
+    return screen(ModelRef.parse(MODEL), probe_spec("induction", N, T), n_null_draws=200)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_renders_with_export_buttons(quick_zoo, report, page):
+    at = open_page(make_app(), page)
+    assert not at.exception, at.exception
+    assert errors(at) == []
+    charts = at.get("plotly_chart")
+    assert len(charts) >= 1
+    if page in ANALYSIS_PAGES:  # every figure offers PNG, SVG, PDF, CSV and JSON
+        assert len(at.download_button) == EXPORTS_PER_FIGURE * len(charts)
+        labels = {b.proto.label for b in at.download_button}
+        assert {"PNG", "SVG", "PDF", "CSV (data)", "JSON (data + provenance)"} <= labels
+
+
+def test_screen_heatmap_follows_checkpoint_and_pattern(report):
+    at = open_page(make_app(), "screen")
+    revisions = [c.revision for c in report.checkpoints]
+    patterns = list(report.final.patterns)
+    seen = []
+    for index, pattern in ((len(revisions) // 2, "previous-token"), (len(revisions) - 1, "induction"),
+                           (len(revisions) // 3, "self")):
+        at.select_slider(key="_w_revision").set_value(revisions[index])
+        next(r for r in at.radio if r.label == "Pattern").set_value(pattern)
+        at.run()
+        assert not at.exception and errors(at) == []
+        heat = chart(at, "screen_heatmap")["data"][0]
+        expected = report.selectivity_by_checkpoint[index, patterns.index(pattern)]  # [layer, head]
+        np.testing.assert_array_equal(np.asarray(heat["customdata"], dtype=float), expected)
+        assert revisions[index] in chart(at, "screen_heatmap")["layout"]["title"]["text"]
+        seen.append(np.asarray(heat["customdata"], dtype=float))
+        # the class map shows core's classes at that checkpoint
+        from core.stats.selectivity import classify
+
+        classes = chart(at, "screen_classes")["data"][0]["customdata"]
+        assert classes == classify(report.selectivity_by_checkpoint[index], patterns, report.final.threshold).tolist()
+        assert at.query_params["revision"] == [revisions[index]] or at.query_params["revision"] == revisions[index]
+    assert not np.array_equal(seen[0], seen[1])
+
+
+def test_ablation_previous_token_preset_is_cores_circuit(report):
+    at = open_page(make_app(), "ablation")
+    at.button(key="preset_prev").click().run()
+    assert not at.exception and errors(at) == []
+    assert len(report.final.previous_token_circuit) > 0
+    assert at.text_input(key="heads_text").value == str(report.final.previous_token_circuit)
+
+
+def test_app_opens_on_the_induction_model_and_screens_the_duplicate_model(quick_zoo):
+    at = AppTest.from_file(APP, default_timeout=900)
+    at.query_params["n"] = str(N)
+    at.run()
+    assert at.session_state["model"] == MODEL  # not the alphabetically first zoo model
+    at = open_page(make_app("duplicate-neox"), "screen")
+    next(r for r in at.radio if r.label == "Pattern").set_value("duplicate-token")
+    at.run()
+    assert not at.exception and errors(at) == []
+    classes = np.asarray(chart(at, "screen_classes")["data"][0]["customdata"])
+    assert (classes == "duplicate-token").sum() >= 2
+
+
+def test_spectral_page_switches_pr_definition(report):
+    from core.model.loading import ModelRef
+    from core.pipelines.recipe import probe_spec, screen
+
+    at = open_page(make_app(), "spectral")
+    tokens = np.asarray(report.spectral.tokens)
+    keep = tokens > 0
+    for definition in ("entropy", "classic"):
+        at.radio(key="_w_pr_definition").set_value(definition).run()
+        assert not at.exception and errors(at) == []
+        expected = screen(ModelRef.parse(MODEL), probe_spec("induction", N, T), definition=definition,
+                          n_null_draws=0).spectral
+        fig = chart(at, "spectral_trajectories")
+        assert definition in fig["layout"]["title"]["text"]
+        assert any(definition in c.value for c in list(at.caption) + list(at.markdown))  # named in the caption
+        n_heads = expected.pr.shape[2]
+        for index, trace in enumerate(fig["data"]):
+            layer, head = divmod(index, n_heads)
+            np.testing.assert_array_equal(np.asarray(trace["y"]), expected.pr[keep, layer, head])
+        ranking = chart(at, "spectral_ranking")["data"][0]
+        assert ranking["x"][: expected.k] == [f"L{l}H{h}" for l, h in expected.top_heads]
+
+
+def test_ablation_run_button_produces_a_verdict(report):
+    from core.ablation.engine import count_matched_sets
+
+    at = open_page(make_app(), "ablation")
+    at.button(key="preset_circuit").click().run()
+    typed = at.text_input(key="heads_text").value
+    assert typed == str(report.candidate_circuit)  # the preset is core's screened circuit (may be empty)
+    if not typed:
+        at.text_input(key="heads_text").set_value("L1H0,L1H3").run()
+        typed = "L1H0,L1H3"
+    at.button(key="run_ablation").click().run()
+    assert not at.exception, at.exception
+    assert errors(at) == []
+    assert "Verdict" in [s.value for s in at.subheader]
+    result = at.session_state["ablation_history"][0]["result"]
+    assert str(result.selection) == typed
+    assert len(result.controls) == min(20, count_matched_sets(result.selection, report.shape[1]))
+    assert result.upper_bound is not None
+    shown = " ".join(b.value for b in [*at.success, *at.info, *at.warning])
+    for name, verdict in result.verdicts.items():
+        assert f": {verdict.label}**" in shown and verdict.rule in shown
+    strip = chart(at, "ablation_strip")
+    candidates = [t for t in strip["data"] if t["name"] == "candidate"]
+    assert [c["y"][0] for c in candidates] == [result.stats[m]["candidate_delta"] for m in result.stats]
+    # a second identical run comes from the cache and is listed in the history
+    at.button(key="run_ablation").click().run()
+    assert len(at.session_state["ablation_history"]) == 2
+    assert at.session_state["ablation_history"][0]["result"] is result
+
+
+def test_typo_in_typed_heads_shows_error_and_page_keeps_working(report):
+    at = open_page(make_app(), "ablation")
+    at.text_input(key="heads_text").set_value("L1H0, LxH2").run()
+    assert any('cannot read head "LxH2"' in e for e in errors(at))
+    assert at.button(key="run_ablation").disabled
+    n_layers, n_heads = report.shape
+    at.text_input(key="heads_text").set_value(f"L{n_layers}H0").run()  # a layer the model does not have
+    assert any("outside this model" in e for e in errors(at))
+    at.text_input(key="heads_text").set_value("L1H0, L1H1").run()
+    assert errors(at) == [] and not at.exception
+    assert not at.button(key="run_ablation").disabled
+
+
+def test_inspector_shows_the_chosen_head(report):
+    import torch
+
+    from core.model.loading import ModelRef, load_model
+    from core.pipelines.recipe import build_probe, probe_spec
+
+    at = open_page(make_app(head="L1H3"), "inspector")
+    assert not at.exception and errors(at) == []
+    assert any("L1H3" in m.value for m in at.markdown)
+    scores = chart(at, "inspector_scores")["data"][0]
+    index = len(report.checkpoints) - 1
+    expected = report.selectivity_by_checkpoint[index][:, 1, 3]
+    np.testing.assert_allclose(scores["y"], np.maximum(expected, 1e-3))
+    # the full pattern is one run_with_cache on the chosen example; its query row is the probe's row
+    batch = build_probe(probe_spec("induction", N, T))
+    model = load_model(ModelRef.parse(MODEL))
+    with torch.no_grad():
+        _, cache = model.run_with_cache(batch.tokens[[0]], names_filter=lambda n: n == "blocks.1.attn.hook_pattern")
+    full = cache["blocks.1.attn.hook_pattern"][0, 3].numpy()
+    np.testing.assert_allclose(chart(at, "inspector_pattern_0")["data"][0]["z"], full, atol=1e-6)
+    row = chart(at, "inspector_row_0")["data"][0]["y"]
+    q = int(batch.query_pos[0])
+    np.testing.assert_allclose(row, full[q, : q + 1], atol=1e-5)
+
+
+def test_url_holds_the_view(report):
+    at = open_page(make_app(), "screen")
+    revision = report.checkpoints[1].revision
+    at.select_slider(key="_w_revision").set_value(revision).run()
+    params = {k: at.query_params[k] for k in ("model", "revision", "n", "seq_len", "task")}
+    flat = {k: v[0] if isinstance(v, list) else v for k, v in params.items()}
+    assert flat == {"model": MODEL, "revision": revision, "n": str(N), "seq_len": str(T), "task": "induction"}
+    again = open_page(make_app(revision=revision), "screen")  # the link reopens the same view
+    assert revision in chart(again, "screen_heatmap")["layout"]["title"]["text"]
+
+
+def test_vanished_checkpoint_shows_error_on_every_page(quick_zoo):
+    from core.model.loading import list_checkpoints, ModelRef
+
+    name = "vanished-neox"
+    target = quick_zoo / name
+    if not target.exists():
+        shutil.copytree(quick_zoo / MODEL, target)
+    try:
+        revision = list_checkpoints(ModelRef.parse(name))[-1].revision
+        shutil.rmtree(target / "checkpoints" / revision)
+        at = make_app(model=name, revision=revision)
+        for page in ANALYSIS_PAGES:
+            open_page(at, page)
+            assert not at.exception, at.exception
+            assert any("missing" in e for e in errors(at)), (page, errors(at))
+        # the page keeps working: pick a healthy model in the sidebar
+        at.selectbox(key="_w_model").set_value(MODEL).run()
+        assert not at.exception and errors(at) == []
+    finally:
+        shutil.rmtree(target, ignore_errors=True)  # later tests (and screenshots) see the plain zoo
+
+
+def test_local_folder_that_is_not_a_model(quick_zoo, tmp_path):
+    (tmp_path / "notes.txt").write_text("not a model")
+    at = make_app(model=str(tmp_path))
+    for page in ANALYSIS_PAGES:
+        open_page(at, page)
+        assert not at.exception, at.exception
+        assert any("config.json" in e for e in errors(at)), (page, errors(at))
+    assert at.sidebar.header[0].value == "Workspace"  # the sidebar is still there
+
+
+def test_probe_too_long_for_the_model(quick_zoo):
+    at = make_app(seq_len=128)
+    for page in ANALYSIS_PAGES:
+        open_page(at, page)
+        assert not at.exception, at.exception
+        assert any("longer than the model's context" in e for e in errors(at)), (page, errors(at))
+
+
+def test_first_launch_offers_to_train_the_zoo(tmp_path, monkeypatch):
+    """With an empty zoo the first page offers training and reports its progress."""
+    import core.zoo.train
+
+    calls = []
+
+    def fake_train_zoo(preset="quick", progress=True, only=None):
+        calls.append(only)
+        progress(5, 10, 1.25)  # the signature train_model calls a progress callable with
+        return []
+
+    monkeypatch.setenv("HEADLAB_HOME", str(tmp_path))
+    monkeypatch.setattr(core.zoo.train, "train_zoo", fake_train_zoo)
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.run()
+    assert not at.exception
+    assert any("zoo is empty" in i.value for i in at.info)
+    at.button[0].click().run()
+    assert not at.exception, at.exception
+    assert calls == [name for name, _, _ in core.zoo.train.ZOO_PRESETS["quick"]]

@@ -1,0 +1,360 @@
+"""End to end in a real browser: Playwright driving Debian's chromium against `streamlit run app.py`.
+
+Visits every page on the quick zoo and saves a screenshot of each into test-output/screenshots/;
+in the ablation lab it box-selects heads on the grid with the mouse, runs the ablation, waits for
+the verdict and screenshots it. The analysis pages each run to a result (a co-activation community's
+closure test, gradient vs causal, proposers vs disposer, form vs function over training), and two of
+them hand heads to the ablation lab. Never downloads a browser: skips when /usr/bin/chromium is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.zoo]
+
+REPO = Path(__file__).resolve().parents[2]
+SHOTS = REPO / "test-output" / "screenshots"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+MODEL = "induction-neox"
+QUERY = f"model={MODEL}&n=32&seq_len=64"
+PAGES = [("", "Models & training", "zoo"), ("spectral", "Spectral signal", "spectral"),
+         ("screen", "Pattern screen", "screen"), ("ablation", "Ablation lab", "ablation"),
+         ("inspector", "Head inspector", "inspector")]
+LONG_MS = 600_000  # a cold first page screens every checkpoint on two shared CPUs
+RUNNING = '[data-testid="stStatusWidgetRunningIcon"], [data-testid="stStatusWidgetRunningManIcon"]'
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(quick_zoo):
+    """The app served by `streamlit run` against the test HEADLAB_HOME; yields its base URL."""
+    if not CHROMIUM.exists():
+        pytest.skip("the browser test drives Debian's chromium at /usr/bin/chromium, which is not installed "
+                    "(`make test` installs it as root; it is never downloaded)")
+    pytest.importorskip("playwright.sync_api", reason="pip playwright is not installed in this environment")
+    port = _free_port()
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    log = open(SHOTS.parent / "streamlit-server.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
+         "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
+        cwd=REPO, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"streamlit did not start; see {log.name}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser(server):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture()
+def page(browser):
+    context = browser.new_context(viewport={"width": 1440, "height": 1000}, device_scale_factor=1)
+    tab = context.new_page()
+    tab.set_default_timeout(LONG_MS)
+    yield tab
+    context.close()
+
+
+def wait_until_idle(tab, title: str) -> None:
+    """The page's title is drawn, the script has finished, and plotly has drawn the charts."""
+    tab.get_by_role("heading", name=title).first.wait_for()
+    tab.wait_for_function(f"() => !document.querySelector('{RUNNING}')", timeout=LONG_MS, polling=500)
+    tab.wait_for_timeout(1500)  # a rerun may start right after the first one (URL sync); let it settle
+    tab.wait_for_function(f"() => !document.querySelector('{RUNNING}')", timeout=LONG_MS, polling=500)
+    tab.wait_for_timeout(1000)
+
+
+def screenshot(tab, name: str) -> Path:
+    """A screenshot of the whole page (the app scrolls inside its main area, so grow the viewport to fit)."""
+    height = tab.evaluate("() => { const m = document.querySelector('[data-testid=\"stMain\"]');"
+                          " return Math.max(document.body.scrollHeight, m ? m.scrollHeight : 0); }")
+    tab.set_viewport_size({"width": 1440, "height": int(min(max(height, 1000), 6000))})
+    tab.mouse.move(1, 1)  # no chart toolbar or tooltip left over from the last click
+    tab.evaluate("() => { const m = document.querySelector('[data-testid=\"stMain\"]'); if (m) m.scrollTo(0, 0); }")
+    tab.wait_for_timeout(800)
+    path = SHOTS / f"{name}.png"
+    tab.screenshot(path=str(path), full_page=True)
+    tab.set_viewport_size({"width": 1440, "height": 1000})
+    return path
+
+
+def assert_no_exception(tab) -> None:
+    assert tab.locator('[data-testid="stException"]').count() == 0, tab.locator('[data-testid="stException"]').first.inner_text()
+
+
+@pytest.mark.parametrize("path,title,name", PAGES, ids=[p[2] for p in PAGES])
+def test_every_page_in_the_browser(server, page, path, title, name):
+    page.goto(f"{server}/{path}?{QUERY}")
+    wait_until_idle(page, title)
+    assert_no_exception(page)
+    assert page.locator(".js-plotly-plot").count() >= 1
+    shot = screenshot(page, f"{name}")
+    assert shot.stat().st_size > 10_000
+
+
+def test_ablation_lab_box_select_run_and_verdict(server, page):
+    from core.model.loading import ModelRef, load_config
+
+    config = load_config(ModelRef.parse(MODEL))
+    n_layers, n_heads = int(config.num_hidden_layers), int(config.num_attention_heads)
+    layer, first, last = min(1, n_layers - 1), 0, min(3, n_heads // 2 - 1)  # at most half a layer: matched controls exist
+    page.goto(f"{server}/ablation?{QUERY}")
+    wait_until_idle(page, "Ablation lab")
+    grid = page.locator(".st-key-ablation_grid .js-plotly-plot").first
+    if grid.count() == 0:
+        grid = page.locator(".js-plotly-plot").first
+    grid.scroll_into_view_if_needed()
+    box = grid.locator(".nsewdrag").first.bounding_box()
+    page.mouse.move(box["x"] + 5, box["y"] + 5)  # the chart's toolbar shows on hover
+    grid.locator('.modebar-btn[data-title="Box Select"]').first.click()
+    cell_w, cell_h = box["width"] / n_heads, box["height"] / n_layers
+    x0 = box["x"] + (first + 0.1) * cell_w
+    x1 = box["x"] + (last + 0.9) * cell_w
+    y0 = box["y"] + (layer + 0.1) * cell_h  # layer 0 is the top row
+    y1 = box["y"] + (layer + 0.9) * cell_h
+    page.mouse.move(x0, y0)
+    page.mouse.down()
+    page.mouse.move(x1, y1, steps=15)
+    page.mouse.up()
+    expected = ",".join(f"L{layer}H{h}" for h in range(first, last + 1))
+    heads_box = page.locator('input[aria-label="Heads to ablate"]')
+    page.wait_for_function(
+        "([sel, want]) => { const el = document.querySelector(sel); return el && el.value === want; }",
+        arg=['input[aria-label="Heads to ablate"]', expected], timeout=120_000, polling=500)
+    assert heads_box.input_value() == expected
+    wait_until_idle(page, "Ablation lab")
+    screenshot(page, "ablation-selected")
+    page.get_by_role("button", name="Run ablation").click()
+    page.get_by_role("heading", name="Verdict").wait_for(timeout=LONG_MS)
+    wait_until_idle(page, "Ablation lab")
+    assert_no_exception(page)
+    verdict_text = page.locator('[data-testid="stAlertContainer"]').all_inner_texts()
+    assert any("rule" in text for text in verdict_text)
+    screenshot(page, "ablation-verdict")
+    # the same session's inspector lists the examples this run hurt most
+    page.get_by_role("button", name="Open it in the head inspector").click()
+    wait_until_idle(page, "Head inspector")
+    assert_no_exception(page)
+    screenshot(page, "inspector-after-ablation")
+
+
+def test_export_menu_downloads_a_paper_png(server, page):
+    """The download buttons render the paper figure on click (kaleido + chromium inside the app's server)."""
+    page.goto(f"{server}/screen?{QUERY}")
+    wait_until_idle(page, "Pattern screen")
+    page.locator('[data-testid="stPopover"]').first.locator("button").first.click()
+    with page.expect_download(timeout=180_000) as info:
+        page.get_by_role("button", name="PNG", exact=True).first.click()
+    data = Path(info.value.path()).read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width = int.from_bytes(data[16:20], "big")
+    assert width >= 2000, (info.value.suggested_filename, width)  # print resolution, not a screen grab
+    assert info.value.suggested_filename.endswith(".png")
+
+
+def test_clicking_a_head_on_a_grid_opens_the_inspector(server, page):
+    """Heatmaps carry invisible square click targets: a click names the head and links to the inspector."""
+    from core.model.loading import ModelRef, load_config
+
+    config = load_config(ModelRef.parse(MODEL))
+    n_layers, n_heads = int(config.num_hidden_layers), int(config.num_attention_heads)
+    layer, head = min(1, n_layers - 1), 0
+    page.goto(f"{server}/screen?{QUERY}")
+    wait_until_idle(page, "Pattern screen")
+    heat = page.locator(".st-key-screen_heatmap .js-plotly-plot").first
+    heat.scroll_into_view_if_needed()
+    box = heat.locator(".nsewdrag").first.bounding_box()
+    page.mouse.click(box["x"] + (head + 0.5) * box["width"] / n_heads, box["y"] + (layer + 0.5) * box["height"] / n_layers)
+    link = page.get_by_role("link", name=f"Inspect L{layer}H{head} in the head inspector")
+    link.wait_for(timeout=120_000)
+    link.click()
+    wait_until_idle(page, "Head inspector")
+    assert_no_exception(page)
+    assert page.get_by_role("heading", name=f"L{layer}H{head}").count() >= 1
+
+
+def test_a_running_ablation_can_be_cancelled(server, page):
+    """The Cancel button stops a long run (300 matched draws); nothing is stored and the page keeps working."""
+    page.goto(f"{server}/ablation?{QUERY}")
+    wait_until_idle(page, "Ablation lab")
+    heads = page.locator('input[aria-label="Heads to ablate"]')
+    heads.fill("L0H0,L1H0,L2H0")
+    heads.press("Enter")
+    wait_until_idle(page, "Ablation lab")
+    draws = page.locator('input[aria-label="Random draws N"]')
+    draws.fill("300")
+    draws.press("Enter")
+    wait_until_idle(page, "Ablation lab")
+    page.get_by_role("button", name="Run ablation").click()
+    cancel = page.get_by_role("button", name="Cancel run")
+    cancel.wait_for(timeout=120_000)
+    page.locator('[data-testid="stProgress"]').first.wait_for(timeout=120_000)
+    page.wait_for_timeout(2000)
+    cancel.click()
+    page.get_by_text("The ablation run was cancelled").first.wait_for(timeout=120_000)
+    wait_until_idle(page, "Ablation lab")
+    assert_no_exception(page)
+    assert page.get_by_role("heading", name="Verdict").count() == 0
+
+
+# ------------------------------------------------------------------ the analysis pages: each runs to a result
+
+HEAD_LIST = r"^L\d+H\d+(, ?L\d+H\d+)*$"
+
+
+def assert_no_error(tab) -> None:
+    """The app's own navigation, and neither an exception nor an st.error on the page."""
+    nav = tab.locator('[data-testid="stSidebarNav"]').inner_text()
+    assert "Ablation lab" in nav, ("the sidebar lists files, not the app's pages: Streamlit served pages/ as a legacy "
+                                   f"multipage app (a deep link as the first request after start?): {nav!r}")
+    assert_no_exception(tab)
+    shown = tab.locator('[data-testid="stAlertContentError"]')
+    assert shown.count() == 0, shown.first.inner_text()
+
+
+def click_button(tab, key: str, title: str) -> None:
+    """Click the button with widget key `key` once the page is idle."""
+    wait_until_idle(tab, title)
+    tab.locator(f".st-key-{key} button").first.click()
+
+
+def set_number(tab, label: str, value: int, title: str) -> None:
+    box = tab.locator(f'input[aria-label="{label}"]')
+    box.fill(str(value))
+    box.press("Enter")
+    wait_until_idle(tab, title)
+
+
+def test_coactivation_closure_test_and_hand_off_to_the_lab(server, page):
+    """Co-activation at N = 64 (the Ising fit needs at least as many examples as the 36 heads): the candidate
+    community's closure test shows its verdicts, and "Send to the ablation lab" types the community into the lab."""
+    title = "Co-activation"
+    page.goto(f"{server}/coactivation?model={MODEL}&n=64&seq_len=64")
+    wait_until_idle(page, title)
+    assert_no_error(page)
+    for key in ("coact_graph", "coact_heatmap", "coact_ari"):
+        assert page.locator(f".st-key-{key} .js-plotly-plot").count() == 1, key
+    chosen = page.locator('input[aria-label="Community (or click a node on the graph)"]').input_value()
+    assert "(candidate)" in chosen, chosen  # "community 3 (candidate): L0H1, L1H4"
+    community = chosen.split("(candidate):", 1)[1].strip()
+    assert re.match(HEAD_LIST, community), community
+    click_button(page, "coact_run_closure", title)
+    page.get_by_text("Closure test of").first.wait_for(timeout=LONG_MS)
+    wait_until_idle(page, title)
+    assert_no_error(page)
+    verdicts = " ".join(page.locator('[data-testid="stAlertContainer"]').all_inner_texts())
+    assert "paper rule:" in verdicts and "reference rule:" in verdicts, verdicts
+    assert page.locator(".st-key-coact_closure_z .js-plotly-plot").count() == 1
+    screenshot(page, "coactivation")
+    click_button(page, "coact_send", title)
+    wait_until_idle(page, "Ablation lab")
+    assert_no_error(page)
+    typed = page.locator('input[aria-label="Heads to ablate"]').input_value()
+    assert typed.replace(" ", "") == community.replace(" ", "")
+
+
+def test_gradient_vs_causal_analysis_runs(server, page):
+    """Gradient vs causal on the quick zoo's reverse-hhg with 2 OOD batches and 100 evaluation examples."""
+    title = "Gradient vs causal"
+    page.goto(f"{server}/attribution?model=reverse-hhg&n=32")
+    wait_until_idle(page, title)
+    assert_no_error(page)
+    set_number(page, "OOD batches for G", 2, title)
+    page.get_by_text("Evaluation details").first.click()
+    set_number(page, "Evaluation examples per accuracy", 100, title)
+    click_button(page, "attr_run", title)
+    page.locator(".st-key-attr_scatter .js-plotly-plot").first.wait_for(timeout=LONG_MS)
+    wait_until_idle(page, title)
+    assert_no_error(page)
+    labels = " ".join(page.locator('[data-testid="stMetricLabel"]').all_inner_texts())
+    assert "Spearman" in labels and "hidden heroes" in labels, labels
+    assert page.locator(".st-key-attr_joint .js-plotly-plot").count() == 1
+    assert page.locator(".st-key-attr_run button").first.is_disabled()  # the result is kept: not computed twice
+    page.get_by_text("Evaluation details").first.click()  # fold the expander back for the screenshot
+    wait_until_idle(page, title)
+    screenshot(page, "attribution")
+
+
+def test_proposers_vs_disposer_runs_and_hands_a_proposal_to_the_lab(server, page):
+    """All four proposers judged by one closure test (5 controls each); a proposal goes to the ablation lab."""
+    title = "Proposers vs disposer"
+    page.goto(f"{server}/proposers?{QUERY}")
+    wait_until_idle(page, title)
+    assert_no_error(page)
+    set_number(page, "Random controls per proposal", 5, title)
+    click_button(page, "pvd_run", title)
+    page.locator(".st-key-pvd_fig .js-plotly-plot").first.wait_for(timeout=LONG_MS)
+    wait_until_idle(page, title)
+    assert_no_error(page)
+    alerts = " ".join(page.locator('[data-testid="stAlertContainer"]').all_inner_texts())
+    assert "Survive closure" in alerts or "No proposal survives closure" in alerts, alerts
+    screenshot(page, "proposers")
+    click_button(page, "pvd_send_pattern-screen", title)
+    wait_until_idle(page, "Ablation lab")
+    assert_no_error(page)
+    assert re.match(HEAD_LIST, page.locator('input[aria-label="Heads to ablate"]').input_value())
+
+
+def test_training_dynamics_form_vs_function(server, page):
+    """Training dynamics: timing and identification figures, then form vs function at the first and last checkpoint."""
+    from core.model.loading import ModelRef, list_checkpoints
+
+    title = "Training dynamics"
+    page.goto(f"{server}/dynamics?{QUERY}")
+    wait_until_idle(page, title)
+    assert_no_error(page)
+    for key in ("dyn_timing", "dyn_identification"):
+        assert page.locator(f".st-key-{key} .js-plotly-plot").count() == 1, key
+    set_number(page, "Test every n-th checkpoint (the last always)", len(list_checkpoints(ModelRef.parse(MODEL))), title)
+    run = page.locator(".st-key-dyn_run_form_function button").first
+    assert "at 2 checkpoints" in run.inner_text()
+    click_button(page, "dyn_run_form_function", title)
+    page.locator(".st-key-dyn_form_function .js-plotly-plot").first.wait_for(timeout=LONG_MS)
+    wait_until_idle(page, title)
+    assert_no_error(page)
+    screenshot(page, "dynamics")

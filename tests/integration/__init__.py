@@ -1,0 +1,1 @@
+"""Integration tests: tiny random-init models and the trained quick zoo."""

@@ -1,0 +1,1 @@
+"""Unit tests: hand-made arrays and configs, no model."""
