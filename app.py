@@ -1,12 +1,20 @@
 """HeadLab: find attention-head circuits across training and test them causally.
 
-Run with `make app` (http://127.0.0.1:8501). Pages are thin views over `core/`; the workspace
-sidebar (pages/_shared.py) keeps the model, checkpoint and probe across pages and in the URL.
+Run with `make app` (http://127.0.0.1:8501). This entry script runs on every page: it sets up the
+navigation, follows a pending hand-off between pages, draws the workspace sidebar once (model,
+checkpoint, probe; kept in the session and the URL, see pages/_state.py) and then runs the page,
+which reads the workspace, asks core (through pages/_cache.py) and draws.
 """
 
 import streamlit as st
 
-st.set_page_config(page_title="HeadLab", page_icon=":material/hub:", layout="wide")
+from core.errors import HeadLabError
+from core.model.refs import ModelRef, list_zoo
+from core.tasks.specs import probe_spec
+from pages._cache import cached_checkpoints, model_stamp
+from pages._state import (DEFAULT_MODEL, MODEL, MODEL_FOLDER, N_EXAMPLES, REVISION, SEED, SEQ_LEN, TASK, TOKEN_HIGH,
+                          TOKEN_LOW, Workspace, bound, follow_hand_off, init_state, publish_workspace, sync_url)
+from pages._widgets import format_tokens
 
 PAGES = [
     st.Page("pages/zoo.py", title="Models & training", icon=":material/model_training:", default=True),
@@ -20,4 +28,88 @@ PAGES = [
     st.Page("pages/dynamics.py", title="Training dynamics", icon=":material/timeline:", url_path="dynamics"),
 ]
 
-st.navigation(PAGES).run()
+
+def _choose_model() -> str | None:
+    """The model picker: a zoo model or a local folder typed in (a text box when the zoo is empty)."""
+    zoo = list_zoo()
+    current = st.session_state.get(MODEL)
+    options = zoo + ([current] if current and current not in zoo else [])
+    if not options:
+        st.text_input("Local Hugging Face folder", key=MODEL_FOLDER)
+        model_name = st.session_state.get(MODEL_FOLDER)
+        if model_name:
+            st.session_state[MODEL] = model_name
+        return model_name
+    if not current:
+        st.session_state[MODEL] = DEFAULT_MODEL if DEFAULT_MODEL in options else options[0]
+    return bound(st.selectbox, "Model (zoo name or local Hugging Face folder)", MODEL, options, accept_new_options=True,
+                 help="Pick a zoo model, or type the path of a local Hugging Face folder.")
+
+
+def _choose_probe():
+    """The probe widgets; returns the probe spec they describe (HeadLabError when it is invalid)."""
+    task = bound(st.radio, "Probe task", TASK, ["induction", "text"], horizontal=True)
+    col_n, col_t = st.columns(2)
+    with col_n:
+        n = bound(st.number_input, "N examples", N_EXAMPLES, min_value=8, max_value=4096, step=8)
+    with col_t:
+        seq_len = bound(st.number_input, "Length T", SEQ_LEN, min_value=8, max_value=4096, step=8)
+    with st.expander("Probe details"):
+        seed = bound(st.number_input, "Probe seed", SEED, min_value=0, max_value=2**31 - 1)
+        if task == "induction":
+            c1, c2 = st.columns(2)
+            with c1:
+                bound(st.number_input, "Tokens from", TOKEN_LOW, min_value=0, max_value=10**6)
+            with c2:
+                bound(st.number_input, "Tokens below", TOKEN_HIGH, min_value=1, max_value=10**6)
+    return probe_spec(task, int(n), int(seq_len), int(seed), int(st.session_state[TOKEN_LOW]),
+                      int(st.session_state[TOKEN_HIGH]))
+
+
+def workspace_sidebar() -> Workspace | None:
+    """Draw the sidebar and return the selection, or None (with a message) when there is none."""
+    init_state()
+    with st.sidebar:
+        st.header("Workspace")
+        try:
+            model_name = _choose_model()
+        except HeadLabError as exc:
+            st.error(str(exc))
+            return None
+        if not model_name:
+            st.info("No model yet: train the quick zoo on the Models & training page or give a local folder.")
+            return None
+        try:
+            ref = ModelRef.parse(model_name)
+            stamp = model_stamp(model_name)
+            checkpoints = cached_checkpoints(model_name, stamp)
+        except HeadLabError as exc:
+            st.error(str(exc))
+            sync_url()
+            return None
+        revisions = [c.revision for c in checkpoints]
+        if st.session_state.get(REVISION) not in revisions:
+            st.session_state[REVISION] = revisions[-1]
+        if len(revisions) > 1:
+            tokens_of = {c.revision: c.tokens for c in checkpoints}
+            revision = bound(st.select_slider, "Checkpoint (training tokens)", REVISION, revisions,
+                             format_func=lambda r: format_tokens(tokens_of[r]))
+        else:
+            revision = revisions[0]
+        st.session_state[REVISION] = revision
+        st.caption(f"revision `{revision}` · {len(revisions)} checkpoints")
+        try:
+            spec = _choose_probe()
+        except HeadLabError as exc:
+            st.error(str(exc))
+            sync_url()
+            return None
+    sync_url()
+    return Workspace(model_name, ref, tuple(checkpoints), revision, spec, stamp)
+
+
+st.set_page_config(page_title="HeadLab", page_icon=":material/hub:", layout="wide")
+navigation = st.navigation(PAGES)
+follow_hand_off()
+publish_workspace(workspace_sidebar())
+navigation.run()

@@ -7,22 +7,33 @@ out of it as a `HeadStats`: the head outputs for the spectral signal (Step 1), t
 and its pattern summaries for the pattern screen (Step 2), the maximum attention for the Ising
 co-activation signal, the router weights for MoE strata, and the clean metrics for ablation.
 
-`bench_probe` times this pass against a bare forward and against the reference scripts' habit of
-three separate hooked passes.
+`head_stats(ref, checkpoint, probe)` is the one cached entry point: the CLI, the pipelines and the
+pages all ask it, and it runs the pass only when the on-disk cache (core.store) has no entry for
+(model, revision, weights, probe, HEADSTATS_VERSION). core.bench.probe times the pass.
 """
 
 from __future__ import annotations
 
-import argparse
-import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
 
+from core.ablation.spec import query_metrics
 from core.errors import HeadLabError
-from core.tasks.probe_batch import PATTERNS
+from core.model.hooks import _bind, hook_name, model_context_length, model_family, model_vocab_size, router_logit_hooks
+from core.model.loading import load_model
+from core.model.refs import Checkpoint, ModelRef, weights_fingerprint
+from core.results import package_versions
+from core.stats.selectivity import baseline_positions
+from core.store import cache_key, canonical_json, load_entry, save_entry
+from core.tasks import PATTERNS, ProbeBatch, ProbeSpec
+
+# Bump when what the instrumented pass stores (or how) changes: old cache entries then miss.
+# headstats-2: clean top-k counts tied logits as expected hits under random tie-breaking, and the
+# clean loss is logsumexp - target logit (the ablation engine's one metric definition).
+HEADSTATS_VERSION = "headstats-2"
+HEADSTATS_KIND = "headstats"
 
 # The baseline of the pattern screen (METHODS.md Step 2): mean attention to 50 random keys.
 N_BASELINE = 50
@@ -106,7 +117,11 @@ class HeadStats:
         return out
 
     def to_json(self) -> dict:
-        """Provenance and shapes as JSON-ready metadata (the tensors go through `to_tensors`)."""
+        """Provenance and shapes as JSON-ready metadata (the tensors go through `to_tensors`).
+
+        Written by hand, not JsonResult: this is the meta.json half of a cache entry, so it leaves
+        the tensors out and adds their shapes; its keys are what stored entries hold.
+        """
         meta = {name: getattr(self, name) for name in _META_FIELDS}
         meta["patterns"] = list(self.patterns)
         meta["shapes"] = {k: list(v.shape) for k, v in self.to_tensors().items()}
@@ -128,45 +143,27 @@ class HeadStats:
 
 
 # ---------------------------------------------------------------------------------------------
-# model introspection
+# does the probe fit the model
 
 
-def model_family(model) -> str:
-    """The Hugging Face model_type (e.g. "gpt_neox", "olmoe")."""
-    from core.model.loading import family_of
+def check_probe_fits(probe: ProbeSpec | ProbeBatch, model_or_config: Any) -> None:
+    """Refuse a probe the model cannot read: longer than its context, or tokens outside its vocabulary.
 
-    return family_of(getattr(model.original_model, "config", None))
-
-
-def model_context_length(model) -> Optional[int]:
-    """Longest sequence the model accepts (max_position_embeddings / n_ctx), None when unknown."""
-    config = getattr(model.original_model, "config", None)
-    for value in (getattr(config, "max_position_embeddings", None), getattr(model.cfg, "n_ctx", None)):
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
-
-
-def model_vocab_size(model) -> int:
-    config = getattr(model.original_model, "config", None)
-    return int(getattr(config, "vocab_size", None) or model.cfg.d_vocab)
-
-
-def check_probe_fits(model, batch) -> None:
-    """Refuse a probe the model cannot read: too long for its context, or tokens beyond its vocabulary."""
-    context = model_context_length(model)
-    if context is not None and batch.seq_len > context:
+    probe: a spec (checked before any model is loaded) or a built batch (its actual token ids).
+    model_or_config: a loaded TransformerBridge, or the model's Hugging Face config (load_config).
+    """
+    if hasattr(model_or_config, "original_model"):  # a loaded bridge
+        context, vocab = model_context_length(model_or_config), model_vocab_size(model_or_config)
+    else:
+        config = model_or_config
+        context = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+        vocab = int(config.vocab_size)
+    if context and probe.seq_len > int(context):
         raise HeadLabError(
-            f"The probe length {batch.seq_len} is longer than the model's context ({context} tokens); "
+            f"The probe length {probe.seq_len} is longer than the model's context ({context} tokens); "
             f"use --seq-len {context} or less."
         )
-    vocab = model_vocab_size(model)
-    top = int(batch.tokens.max())
-    if top >= vocab or int(batch.tokens.min()) < 0 or int(batch.target.max()) >= vocab:
-        raise HeadLabError(
-            f"The probe uses token ids up to {max(top, int(batch.target.max()))}, a task the model's vocabulary "
-            f"({vocab} tokens) cannot hold; choose a task or token range inside the vocabulary."
-        )
+    probe.check_vocab(vocab)
 
 
 def _first_tensor(output: Any) -> torch.Tensor:
@@ -185,10 +182,8 @@ def _first_tensor(output: Any) -> torch.Tensor:
 def baseline_weights(query_pos: torch.Tensor, seq_len: int) -> torch.Tensor:
     """Weights [example, key] averaging a row over each example's baseline keys (NaN row when q has none).
 
-    The keys are core.selectivity.baseline_positions(q): the reference RandomState(0) draw of 50.
+    The keys are core.stats.selectivity.baseline_positions(q): the reference RandomState(0) draw of 50.
     """
-    from core.stats.selectivity import baseline_positions
-
     weights = torch.zeros(query_pos.shape[0], seq_len, dtype=torch.float32)
     cache: dict[int, torch.Tensor] = {}
     for i, q in enumerate(query_pos.tolist()):
@@ -204,7 +199,7 @@ def baseline_weights(query_pos: torch.Tensor, seq_len: int) -> torch.Tensor:
     return weights
 
 
-def summary_weights(batch) -> torch.Tensor:
+def summary_weights(batch: ProbeBatch) -> torch.Tensor:
     """Key weights [example, key, summary] so that row @ weights gives every summary in one product.
 
     Summaries: the PATTERNS in order (one-hot columns for single keys, 1/4 on q-5..q-2 for
@@ -236,34 +231,20 @@ def attn_row_dtype(n_examples: int, n_layers: int, n_heads: int, seq_len: int,
     return None
 
 
-def _gather_rows(pattern: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+def gather_query_rows(pattern: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """pattern [batch, head, q, key] -> attention row at each example's query [batch, head, key] float32."""
     ar = torch.arange(pattern.shape[0], device=pattern.device)
     return pattern[ar, :, q, :].float()
 
 
-def _pattern_summaries(rows: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def pattern_summaries(rows: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """rows [batch, head, key], weights [batch, key, summary] -> (summaries [batch, head, summary], max [batch, head])."""
     return torch.bmm(rows, weights), rows.amax(dim=-1)
 
 
-def _clean_metrics(logits_q: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
-    """logits_q [batch, vocab] -> loss, top1, top5, target_logit, each [batch] float32."""
-    logits_q = logits_q.float()
-    logp = torch.log_softmax(logits_q, dim=-1)
-    tgt = target[:, None]
-    k = min(5, logits_q.shape[-1])
-    return {
-        "loss": -logp.gather(1, tgt)[:, 0],
-        "top1": (logits_q.argmax(dim=-1) == target).float(),
-        "top5": (logits_q.topk(k, dim=-1).indices == tgt).any(dim=-1).float(),
-        "target_logit": logits_q.gather(1, tgt)[:, 0],
-    }
-
-
 def collect_head_stats(
     model,
-    batch,
+    batch: ProbeBatch,
     chunk_size: int = 64,
     device: str | torch.device = "cpu",
     progress: Optional[Callable[[int], Any]] = None,
@@ -276,12 +257,9 @@ def collect_head_stats(
     provenance: model, revision, tokens (and optionally family) to record in the result.
     keep_attn_rows: None decides by size (see attn_row_dtype); True/False forces it.
     """
-    from core.model.loading import router_logit_hooks
-    from core.store import CODE_VERSION
-
     if int(chunk_size) < 1:
         raise HeadLabError("chunk_size must be at least 1; pass a positive number of examples per chunk.")
-    check_probe_fits(model, batch)
+    check_probe_fits(batch, model)
     n, seq_len = batch.n_examples, batch.seq_len
     n_layers, n_heads, d_head = int(model.cfg.n_layers), int(model.cfg.n_heads), int(model.cfg.d_head)
     routers = router_logit_hooks(model)  # {layer: hook name of router logits [batch*pos, expert]}
@@ -306,8 +284,8 @@ def collect_head_stats(
         z_query[state["sl"], layer] = z[ar, state["q"]].float().cpu()
 
     def pattern_hook(pattern, hook, layer):  # pattern: [batch, head, q, key]
-        rows = _gather_rows(pattern, state["q"])  # [batch, head, key]
-        summ, mx = _pattern_summaries(rows, state["weights"])  # [batch, head, summary], [batch, head]
+        rows = gather_query_rows(pattern, state["q"])  # [batch, head, key]
+        summ, mx = pattern_summaries(rows, state["weights"])  # [batch, head, summary], [batch, head]
         summ = summ.cpu()
         sl = state["sl"]
         attn_patterns[:, sl, layer] = summ[..., : len(PATTERNS)].permute(2, 0, 1)
@@ -332,12 +310,12 @@ def collect_head_stats(
 
     fwd_hooks = []
     for layer in range(n_layers):
-        fwd_hooks.append((f"blocks.{layer}.attn.hook_z", _bind(z_hook, layer)))
-        fwd_hooks.append((f"blocks.{layer}.attn.hook_pattern", _bind(pattern_hook, layer)))
+        fwd_hooks.append((hook_name("z", layer), _bind(z_hook, layer)))
+        fwd_hooks.append((hook_name("pattern", layer), _bind(pattern_hook, layer)))
     for layer, name in routers.items():
         fwd_hooks.append((name, _bind(router_hook, layer)))
-    if "unembed.hook_in" in model.hook_dict:  # unembed only the query rows; else slice the logits below
-        fwd_hooks.append(("unembed.hook_in", unembed_hook))
+    if hook_name("unembed_in") in model.hook_dict:  # unembed only the query rows; else slice the logits below
+        fwd_hooks.append((hook_name("unembed_in"), unembed_hook))
     with torch.inference_mode(), model.hooks(fwd_hooks=fwd_hooks):
         for start in range(0, n, int(chunk_size)):
             sl = slice(start, min(n, start + int(chunk_size)))
@@ -347,7 +325,7 @@ def collect_head_stats(
             if logits.shape[1] != 1:  # an architecture whose unembedding ignored the slice
                 ar = torch.arange(logits.shape[0], device=logits.device)
                 logits = logits[ar, q][:, None]
-            for key, value in _clean_metrics(logits[:, 0], batch.target[sl].to(device)).items():
+            for key, value in query_metrics(logits[:, 0], batch.target[sl].to(device)).items():
                 metrics[key][sl] = value.cpu()
             if progress is not None:
                 progress(sl.stop - sl.start)
@@ -360,196 +338,57 @@ def collect_head_stats(
         induction_pos=batch.induction_pos.clone(), duplicate_pos=batch.duplicate_pos.clone(),
         model=str(prov.get("model", "")), revision=prov.get("revision"), tokens=prov.get("tokens"),
         family=str(prov.get("family") or model_family(model)), probe_spec=dict(batch.spec),
-        code_version=CODE_VERSION, n_layers=n_layers, n_heads=n_heads, d_head=d_head,
+        code_version=HEADSTATS_VERSION, n_layers=n_layers, n_heads=n_heads, d_head=d_head,
         n_experts=0 if router_query is None else int(router_query.shape[-1]), patterns=tuple(PATTERNS),
         versions=package_versions(),
     )
 
 
-def _bind(fn, layer):
-    """A TransformerLens hook fn(tensor, hook) that calls fn(tensor, hook, layer)."""
-    def hook(tensor, hook):
-        return fn(tensor, hook, layer)
-    return hook
-
-
-def package_versions() -> dict:
-    """Versions that can change the numbers, for provenance."""
-    import transformer_lens
-    import transformers
-
-    import core
-
-    return {
-        "headlab": core.__version__, "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "transformer_lens": getattr(transformer_lens, "__version__", "unknown"),
-    }
-
-
 # ---------------------------------------------------------------------------------------------
-# reference-style passes and the benchmark
+# the cached entry point
 
 
-def _chunked(batch, chunk_size: int, device):
-    for start in range(0, batch.n_examples, int(chunk_size)):
-        sl = slice(start, min(batch.n_examples, start + int(chunk_size)))
-        yield sl, batch.tokens[sl].to(device), batch.query_pos[sl].to(device)
+def head_stats_key(ref: ModelRef | str, revision: Optional[str], probe_spec: dict) -> str:
+    """The cache key of one checkpoint's HeadStats; probe_spec is the batch's `spec` (with its provenance)."""
+    model_id = ref.to_json() if isinstance(ref, ModelRef) else str(ref)
+    extra = {"weights": weights_fingerprint(ref, revision)}
+    return cache_key(HEADSTATS_KIND, canonical_json(model_id), revision, probe_spec, HEADSTATS_VERSION, extra)
 
 
-def bare_pass(model, batch, chunk_size: int = 64, device="cpu") -> None:
-    """A forward over the batch with no hooks (the cost floor)."""
-    with torch.inference_mode():
-        for _, tokens, _ in _chunked(batch, chunk_size, device):
-            model(tokens)
+def head_stats(ref: ModelRef, checkpoint: Checkpoint, probe: ProbeSpec | ProbeBatch, model: Any = None,
+               device: str | torch.device = "cpu", chunk_size: int = 64,
+               progress: Optional[Callable[[int], Any]] = None,
+               on_status: Optional[Callable[[str], None]] = None) -> HeadStats:
+    """One checkpoint's HeadStats: from the cache, else one instrumented pass (then cached).
 
-
-def reference_pr_pass(model, batch, chunk_size: int = 64, device="cpu") -> torch.Tensor:
-    """Reference style, pass 1 of 3: a full forward carrying only hook_z hooks -> z at q [example, layer, head, d_head]."""
-    n_layers = int(model.cfg.n_layers)
-    out = torch.empty(batch.n_examples, n_layers, int(model.cfg.n_heads), int(model.cfg.d_head))
-    state = {}
-
-    def hook(z, hook, layer):
-        ar = torch.arange(z.shape[0], device=z.device)
-        out[state["sl"], layer] = z[ar, state["q"]].float().cpu()
-
-    hooks = [(f"blocks.{l}.attn.hook_z", _bind(hook, l)) for l in range(n_layers)]
-    with torch.inference_mode(), model.hooks(fwd_hooks=hooks):
-        for sl, tokens, q in _chunked(batch, chunk_size, device):
-            state.update(sl=sl, q=q)
-            model(tokens)
-    return out
-
-
-def reference_pattern_pass(model, batch, chunk_size: int = 64, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference style, pass 2 of 3: pattern summaries -> ([pattern, example, layer, head], baseline [example, layer, head])."""
-    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    pats = torch.empty(len(PATTERNS), batch.n_examples, n_layers, n_heads)
-    base = torch.empty(batch.n_examples, n_layers, n_heads)
-    weights = summary_weights(batch)
-    state = {}
-
-    def hook(pattern, hook, layer):
-        sl = state["sl"]
-        rows = _gather_rows(pattern, state["q"])
-        summ = _pattern_summaries(rows, weights[sl].to(rows.device))[0].cpu()
-        pats[:, sl, layer], base[sl, layer] = summ[..., : len(PATTERNS)].permute(2, 0, 1), summ[..., len(PATTERNS)]
-
-    hooks = [(f"blocks.{l}.attn.hook_pattern", _bind(hook, l)) for l in range(n_layers)]
-    with torch.inference_mode(), model.hooks(fwd_hooks=hooks):
-        for sl, tokens, q in _chunked(batch, chunk_size, device):
-            state.update(sl=sl, q=q)
-            model(tokens)
-    return pats, base
-
-
-def reference_max_pass(model, batch, chunk_size: int = 64, device="cpu") -> torch.Tensor:
-    """Reference style, pass 3 of 3: the co-activation signal, max attention at q -> [example, layer, head]."""
-    n_layers = int(model.cfg.n_layers)
-    out = torch.empty(batch.n_examples, n_layers, int(model.cfg.n_heads))
-    state = {}
-
-    def hook(pattern, hook, layer):
-        out[state["sl"], layer] = _gather_rows(pattern, state["q"]).amax(-1).cpu()
-
-    hooks = [(f"blocks.{l}.attn.hook_pattern", _bind(hook, l)) for l in range(n_layers)]
-    with torch.inference_mode(), model.hooks(fwd_hooks=hooks):
-        for sl, tokens, q in _chunked(batch, chunk_size, device):
-            state.update(sl=sl, q=q)
-            model(tokens)
-    return out
-
-
-def three_pass(model, batch, chunk_size: int = 64, device="cpu") -> None:
-    """The reference scripts' way: three full forwards, each with only its own hooks."""
-    reference_pr_pass(model, batch, chunk_size, device)
-    reference_pattern_pass(model, batch, chunk_size, device)
-    reference_max_pass(model, batch, chunk_size, device)
-
-
-def bench_probe(model, batch, repeats: int = 5, chunk_size: int = 64, device="cpu") -> dict:
-    """Median wall time of bare, instrumented and three-pass runs over the same batch, and their ratios.
-
-    The runs are interleaved (bare, instrumented, three-pass, repeat) after one warm-up of each, so
-    drifts in machine load hit all three alike.
+    probe: a spec, or the batch already built from one (a loop over checkpoints builds it once).
+    model: the loaded checkpoint, if the caller has it; else it is loaded only on a cache miss.
+    progress: called with examples done, during a pass; on_status: called with "cached" or "computed".
     """
-    runs = {
-        "bare_s": lambda: bare_pass(model, batch, chunk_size, device),
-        "instrumented_s": lambda: collect_head_stats(model, batch, chunk_size, device),
-        "three_pass_s": lambda: three_pass(model, batch, chunk_size, device),
-    }
-    for fn in runs.values():
-        fn()
-    times: dict[str, list[float]] = {k: [] for k in runs}
-    for _ in range(max(1, int(repeats))):
-        for key, fn in runs.items():
-            start = time.perf_counter()
-            fn()
-            times[key].append(time.perf_counter() - start)
-    med = {k: statistics.median(v) for k, v in times.items()}
-    return {
-        **med,
-        "overhead_ratio": med["instrumented_s"] / med["bare_s"],
-        "speedup_vs_three_pass": med["three_pass_s"] / med["instrumented_s"],
-        "n_examples": batch.n_examples,
-        "seq_len": batch.seq_len,
-        "chunk_size": int(chunk_size),
-        "repeats": int(repeats),
-        "n_layers": int(model.cfg.n_layers),
-        "n_heads": int(model.cfg.n_heads),
-        "d_model": int(model.cfg.d_model),
-    }
+    batch = probe if isinstance(probe, ProbeBatch) else probe.build()
+    key = head_stats_key(ref, checkpoint.revision, dict(batch.spec))
+    hit = load_entry(key)
+    if hit is not None:
+        if on_status:
+            on_status("cached")
+        return HeadStats.from_tensors(*hit)
+    loaded = model if model is not None else load_model(ref, checkpoint.revision, device=device)
+    provenance = {"model": ref.name, "revision": checkpoint.revision, "tokens": checkpoint.tokens}
+    stats = collect_head_stats(loaded, batch, chunk_size=chunk_size, device=device, progress=progress,
+                               provenance=provenance)
+    save_entry(key, stats.to_tensors(), stats.to_json())
+    if on_status:
+        on_status("computed")
+    return stats
 
 
-def add_bench_probe_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="induction-neox",
-                        help="zoo name, local Hugging Face folder or hub name (default: the quick zoo induction model)")
-    parser.add_argument("--revision", default=None, help="checkpoint revision (default: the final one)")
-    parser.add_argument("--n", type=int, default=256, help="probe sequences (default 256)")
-    parser.add_argument("--seq-len", type=int, default=64, help="probe length T (default 64)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed repeats; medians are reported (default 5)")
-    parser.add_argument("--chunk-size", type=int, default=64, help="examples per forward (default 64)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (default 1: on shared CPUs more threads make the ratios noisy)")
-    parser.add_argument("--device", default="cpu")
+def full_attention_pattern(model: Any, tokens: torch.Tensor, layer: int) -> torch.Tensor:
+    """Every head's full attention pattern at `layer` on a few examples: [example, head, query, key] float32 (CPU).
 
-
-def load_bench_model(text: str, revision: Optional[str] = None, device: str = "cpu"):
-    """A zoo name / folder / hub name through core.model.loading; a bare HF folder directly when models is missing."""
-    try:
-        from core.model.loading import ModelRef, load_model
-    except ModuleNotFoundError:
-        from pathlib import Path
-
-        from transformer_lens.model_bridge import TransformerBridge
-        from transformers import AutoModelForCausalLM
-
-        if not Path(text).is_dir():
-            raise HeadLabError(f"Model {text!r} is not a folder and core.model.loading is not available; pass a Hugging Face folder.")
-        hf = AutoModelForCausalLM.from_pretrained(text, attn_implementation="eager")
-        return TransformerBridge.boot_transformers(text, hf_model=hf).to(device)
-    return load_model(ModelRef.parse(text), revision, device=device)
-
-
-def cli_bench_probe(args: argparse.Namespace) -> dict:
-    """`python -m core bench probe`: print the timing table and return it (the CLI writes --json)."""
-    from core.tasks import InductionProbeSpec, make_induction_probe
-
-    torch.set_num_threads(int(args.threads))
-    model = load_bench_model(args.model, args.revision, args.device)
-    vocab = model_vocab_size(model)
-    spec = InductionProbeSpec(n_examples=args.n, seq_len=args.seq_len, token_low=0,
-                              token_high=min(256, vocab), seed=42)
-    batch = make_induction_probe(spec)
-    result = bench_probe(model, batch, repeats=args.repeats, chunk_size=args.chunk_size, device=args.device)
-    result["model"] = str(args.model)
-    print(f"probe N={result['n_examples']} T={result['seq_len']} chunk={result['chunk_size']} "
-          f"model {args.model} ({result['n_layers']} layers x {result['n_heads']} heads, d_model {result['d_model']}); "
-          f"medians of {result['repeats']}")
-    print(f"  {'bare forward':<28}{result['bare_s']:9.4f} s")
-    print(f"  {'instrumented (one pass)':<28}{result['instrumented_s']:9.4f} s   "
-          f"{result['overhead_ratio']:.2f}x bare (target <= 1.5x)")
-    print(f"  {'three reference passes':<28}{result['three_pass_s']:9.4f} s   "
-          f"instrumented is {result['speedup_vs_three_pass']:.2f}x faster (target >= 2x)")
-    return result
+    The instrumented pass keeps only the query row; the head inspector draws whole patterns for the
+    handful of examples a user picks, so this runs one forward with one hook. tokens: [example, pos].
+    """
+    name = hook_name("pattern", layer)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=lambda n: n == name)
+    return cache[name].float().cpu()

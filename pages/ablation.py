@@ -1,58 +1,56 @@
 """Ablation lab (Step 3): pick heads on the grid, ablate them against matched-random controls and the upper bound."""
 
-import time
-
-import numpy as np
 import pandas as pd
 import streamlit as st
 
-from core.ablation.engine import DAMAGE_SIGN, METRICS, AblationCancelled, ablation_study, count_matched_sets
+from core.ablation.engine import AblationCancelled
+from core.ablation.spec import MODES
+from core.ablation.study import AblationSettings, example_damage, worst_examples
 from core.errors import HeadLabError
-from core.figures.bundle import ablation_strip, head_grid, heads_from_points, per_example_damage, token_label
+from core.figures.ablation import ablation_strip, head_grid, per_example_damage
 from core.heads import HeadSet, head_name, parse_heads
+from core.stats.controls import CONTROL_KINDS, count_matched_sets
+from core.stats.inference import METRICS
 from core.stats.spectral import resolve_k, top_k
-from pages._shared import (INSPECTOR, ablation_store, cached_batch, cached_model, checkpoint_screen, guarded, require_workspace,
-                           screen_report, show_figure)
+from core.tasks.vocab import token_label
+from pages._cache import cached_batch, checkpoint_screen, run_ablation, screen_report, stored_ablation
+from pages._state import ABLATION_HEADS, HEADS_TEXT, ablation_history, open_in_inspector, require_workspace
+from pages._widgets import guarded, new_pick, show_figure
 
 GRID_KEY = "ablation_grid"
+CANCELLED = "_ablation_cancelled"  # set by the cancel button, read by the running study
+PRESET_MESSAGE = "_preset_message"  # why a preset found no heads (shown after the rerun)
 VERDICT_TITLES = {"recipe": "Recipe verdict [SPC]", "closure_paper": "Closure verdict, paper rule [CVC]",
                   "closure_reference": "Closure verdict, reference rule [CVC]"}
 
 
 def _cancel() -> None:
-    st.session_state["_ablation_cancelled"] = True
+    st.session_state[CANCELLED] = True
 
 
 def _set_heads(heads, empty_message: str) -> None:
     if len(heads):
-        st.session_state["heads_text"] = str(HeadSet(tuple(heads)))
+        st.session_state[HEADS_TEXT] = str(HeadSet(tuple(heads)))
     else:
-        st.session_state["_preset_message"] = empty_message
+        st.session_state[PRESET_MESSAGE] = empty_message
 
 
 st.title("Ablation lab")
 ws = require_workspace()
 here = guarded(lambda: checkpoint_screen(ws))
-batch = cached_batch(ws.spec_json)
 sel_induction = here.induction_selectivity  # [layer, head]
 n_layers, n_heads = sel_induction.shape
 classes = here.classes  # [layer, head]
 # the text box's own state is dropped on other pages: keep a copy, re-bound to the key every run
-st.session_state["heads_text"] = st.session_state.get("heads_text", st.session_state.get("ablation_heads", ""))
+st.session_state[HEADS_TEXT] = st.session_state.get(HEADS_TEXT, st.session_state.get(ABLATION_HEADS, ""))
 
-if st.session_state.pop("_ablation_cancelled", False):
+if st.session_state.pop(CANCELLED, False):
     st.warning("The ablation run was cancelled; nothing was stored. Press Run ablation to start it again.")
 
 # A new click, box or lasso selection on the grid replaces the typed heads (read before the text box is drawn).
-grid_state = st.session_state.get(GRID_KEY)
-try:
-    points = grid_state["selection"]["points"] if grid_state else []
-    picked = heads_from_points(points)
-except (KeyError, TypeError, HeadLabError):
-    picked = []
-if picked and picked != st.session_state.get("_grid_last"):
-    st.session_state["heads_text"] = ",".join(head_name(h) for h in picked)
-st.session_state["_grid_last"] = picked or None
+picked = new_pick(GRID_KEY)
+if picked:
+    st.session_state[HEADS_TEXT] = str(HeadSet(tuple(picked)))
 
 grid_box = st.container()  # drawn last (it outlines the heads parsed below), shown first
 preset_col, control_col = st.columns([2, 3], gap="large")
@@ -77,13 +75,13 @@ with preset_col:
         report = guarded(lambda: screen_report(ws), stop=False)
         if report is not None:
             _set_heads(top_k(report.spectral.integral, k), "The spectral ranking is empty.")
-    message = st.session_state.pop("_preset_message", None)
+    message = st.session_state.pop(PRESET_MESSAGE, None)
     if message:
         st.info(message)
 with control_col:
-    text = st.text_input("Heads to ablate", key="heads_text", placeholder="e.g. L1H0, L1H3 or L1H*",
+    text = st.text_input("Heads to ablate", key=HEADS_TEXT, placeholder="e.g. L1H0, L1H3 or L1H*",
                          help='Heads as "L{layer}H{head}", counted from 0; "L1H*" is every head of layer 1.')
-    st.session_state["ablation_heads"] = text
+    st.session_state[ABLATION_HEADS] = text
     selection = None
     if text.strip():
         try:
@@ -93,13 +91,14 @@ with control_col:
     c1, c2 = st.columns(2)
     n_controls = int(c1.number_input("Random draws N", 1, 1000, 20, key="n_controls"))
     seed = int(c2.number_input("Control seed", 0, 2**31 - 1, 123, key="control_seed"))
-    control_kind = c1.radio("Controls", ["matched", "any-layer"], horizontal=True, key="control_kind",
+    control_kind = c1.radio("Controls", list(CONTROL_KINDS), horizontal=True, key="control_kind",
                             help="matched: the same number of heads in each of the same layers; any-layer: same size anywhere.")
-    mode = c2.radio("Ablation", ["zero", "mean"], horizontal=True, key="ablation_mode")
+    mode = c2.radio("Ablation", list(MODES), horizontal=True, key="ablation_mode")
     if selection is not None:
         if control_kind == "matched":
-            if all(k_l * 2 <= n_heads for k_l in selection.count_per_layer().values()):
-                st.caption(f"{len(selection)} heads selected; {count_matched_sets(selection, n_heads):,} distinct "
+            n_matched = count_matched_sets(selection, n_heads)  # 0: a layer holds more than half its heads
+            if n_matched:
+                st.caption(f"{len(selection)} heads selected; {n_matched:,} distinct "
                            f"matched sets exist; plus the upper bound (every head in layers "
                            f"{', '.join(map(str, selection.layers))}).")
             else:
@@ -117,35 +116,26 @@ with grid_box:
     show_figure(grid, GRID_KEY, pickable=True, stretch=False)
 
 # ------------------------------------------------------------------ run
-history = st.session_state.setdefault("ablation_history", [])
+history = ablation_history()
 if run and selection is not None:
-    key = (ws.model_name, ws.revision, ws.spec_json, ws.stamp, str(selection), n_controls, control_kind, mode, seed)
-    store = ablation_store()
-    entry = store.get(key)
+    settings = AblationSettings(n_controls=n_controls, controls=control_kind, mode=mode, seed=seed)
+    entry = stored_ablation(ws, selection, settings)
     if entry is None:
         cancel_slot = st.empty()
         cancel_slot.button("Cancel run", key="cancel_ablation", on_click=_cancel, icon=":material/cancel:")
         bar = st.progress(0.0, text="Loading the model...")
-        result = None
         try:
-            model = cached_model(ws.model_name, ws.revision, ws.stamp)
-            start = time.perf_counter()
-            result = ablation_study(
-                model, batch, selection, n_controls=n_controls, controls=control_kind, mode=mode, seed=seed,
+            entry = run_ablation(
+                ws, selection, settings,
                 progress=lambda done, total: bar.progress(min(done / total, 1.0), text=f"condition passes: {done}/{total}"),
-                cancel=lambda: bool(st.session_state.get("_ablation_cancelled")),
+                cancel=lambda: bool(st.session_state.get(CANCELLED)),
             )
-            seconds = time.perf_counter() - start
         except AblationCancelled:
             st.warning("The ablation run was cancelled; nothing was stored.")
         except HeadLabError as exc:
             st.error(str(exc))
         bar.empty()
         cancel_slot.empty()
-        if result is not None:
-            entry = {"result": result, "seconds": seconds, "model": ws.model_name, "revision": ws.revision,
-                     "probe": ws.spec_json}
-            store[key] = entry
     if entry is not None:
         number = len(history) + 1
         label = (f"#{number} · {entry['result'].selection} · {len(entry['result'].controls)} {control_kind} · {mode} · "
@@ -194,8 +184,8 @@ st.subheader("Per-example damage")
 metric = st.radio("Metric", [m for m in METRICS if m in result.stats], horizontal=True, key="damage_metric")
 show_figure(per_example_damage(result, entry["model"], entry["revision"], metric), "ablation_damage")
 run_batch = cached_batch(entry["probe"])
-damage = DAMAGE_SIGN[metric] * result.candidate.delta(result.clean, metric)  # [example], + = worse
-worst = np.argsort(-damage, kind="stable")[:8]
+damage = example_damage(result.clean, result.candidate, metric)  # [example], + = worse
+worst = worst_examples(damage, 8)
 st.dataframe(pd.DataFrame([{
     "example": int(i), "damage": float(damage[i]), f"clean {metric}": float(result.clean.values(metric)[i]),
     "query token": token_label(int(run_batch.tokens[i, int(run_batch.query_pos[i])])),
@@ -203,9 +193,8 @@ st.dataframe(pd.DataFrame([{
 } for i in worst]), hide_index=True, width="stretch")
 i1, i2 = st.columns([1, 3], vertical_alignment="bottom")
 target = i1.selectbox("Ablated head", [head_name(h) for h in result.selection], key="inspect_ablated")
-if i2.button("Open it in the head inspector", key="open_inspector", icon=":material/search:"):
-    st.session_state["head"] = target
-    st.switch_page(INSPECTOR)
+i2.button("Open it in the head inspector", key="open_inspector", icon=":material/search:", on_click=open_in_inspector,
+          args=(target,))
 st.caption("The head inspector shows its attention on the examples this run hurt most.")
 for note in result.notes:
     st.caption(f"Note: {note}")

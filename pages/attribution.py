@@ -1,53 +1,25 @@
 """Gradient vs causal [HHG]: gradient magnitude against ablation damage per component, hidden heroes,
 gradient bloats and their joint ablation; over seeds, rho and how often each component is a hero or a bloat."""
 
-import json
-import time
 from dataclasses import replace
 
 import pandas as pd
 import streamlit as st
 
-from core.pipelines.attribution import (ABLATION_MODES, CLASS_RULES, DEFAULT_THRESHOLD, GRADIENT_VARIANTS, AttributionSettings,
-                              analyze_ref, manifest_task, parse_component, sequence_zoo_models, stored_result,
-                              stored_summaries)
 from core.errors import HeadLabError
 from core.figures.attribution import hero_bloat_heatmap, joint_ablation_bars, rank_scatter, rho_strip
-from core.heads import head_name
+from core.heads import head_name, parse_heads
+from core.pipelines.attribution import manifest_task, sequence_zoo_models, stored_summaries
+from core.pipelines.attribution_results import (ABLATION_MODES, CLASS_RULES, DEFAULT_THRESHOLD, GRADIENT_VARIANTS,
+                                                AttributionSettings, parse_component)
 from core.tasks.sequences import NUMBER_HIGH, NUMBER_LOW, OOD_LENGTHS, SEQ_VOCAB_SIZE, TASKS
-from pages._shared import guarded, require_workspace, show_figure
+from pages._cache import run_attribution, stored_attribution
+from pages._state import MODEL, require_workspace, send_to_ablation_lab, set_choice
+from pages._widgets import guarded, show_figure
 
-ABLATION_PAGE = "pages/ablation.py"
 SCATTER_KEY = "attr_scatter"
-GOTO = "_attr_goto_ablation"
-
-
-@st.cache_resource(show_spinner=False)
-def attribution_store() -> dict:
-    """Analyses run in this server process, keyed by model, checkpoint and settings."""
-    return {}
-
-
-def _use_model(name: str) -> None:
-    """Switch the workspace (sidebar) to another model."""
-    for key in ("model", "_w_model"):
-        st.session_state[key] = name
-
-
-def _send_to_ablation_lab(heads: list[str]) -> None:
-    """Hand heads to the ablation lab: its typed heads, and a probe this model's vocabulary can read.
-
-    Runs as a button callback (before the page reruns), where widget state may still be set.
-    """
-    text = ",".join(heads)
-    st.session_state["heads_text"] = text
-    st.session_state["ablation_heads"] = text
-    fits = st.session_state.get("task") == "induction" and int(st.session_state.get("token_high", 256)) <= SEQ_VOCAB_SIZE
-    if not fits:  # the lab's induction probe over the numbers 1..99, the tokens this model knows
-        for key, value in (("task", "induction"), ("token_low", NUMBER_LOW), ("token_high", NUMBER_HIGH + 1)):
-            st.session_state[key] = value
-            st.session_state[f"_w_{key}"] = value
-    st.session_state[GOTO] = True
+LAST_PICK = "_attr_last_pick"  # the heads last picked on the rank scatter
+NUMBERS = (NUMBER_LOW, NUMBER_HIGH + 1)  # the lab's induction probe for these models: the numbers they know
 
 
 def _group_label(s) -> str:
@@ -59,13 +31,7 @@ def _group_label(s) -> str:
 
 def one_model(ws, settings: AttributionSettings) -> None:
     """Run (or load) the analysis of the workspace model and draw its figures."""
-    store = attribution_store()
-    key = (ws.model_name, ws.revision, ws.stamp, json.dumps(settings.to_json(), sort_keys=True))
-    entry = store.get(key)
-    if entry is None and ws.ref.kind == "zoo":
-        stored = guarded(lambda: stored_result(ws.model_name, settings, ws.revision), stop=False)
-        if stored is not None:
-            entry = store[key] = {"result": stored, "how": "loaded from the stored preset run (reports/attribution)"}
+    entry = guarded(lambda: stored_attribution(ws, settings), stop=False)
     run = st.button("Run analysis", type="primary", key="attr_run", disabled=entry is not None,
                     help="Results are kept for this session; the same settings are not computed twice.")
     if run and entry is None:
@@ -76,16 +42,14 @@ def one_model(ws, settings: AttributionSettings) -> None:
             def progress(stage: str, done: int, total: int) -> None:
                 bar.progress(min(done / max(total, 1), 1.0), text=f"{stage}: {done}/{total}")
 
-            start = time.perf_counter()
             try:
-                result = analyze_ref(ws.ref, settings, ws.revision, progress=progress)
+                entry = run_attribution(ws, settings, progress=progress)
             except HeadLabError as exc:
                 failure = str(exc)
                 status.update(label="The analysis stopped", state="error", expanded=False)
             else:
-                seconds = time.perf_counter() - start
-                entry = store[key] = {"result": result, "how": f"analysed in {seconds:.1f} s"}
-                status.update(label=f"Analysed {ws.model_name} in {seconds:.1f} s", state="complete", expanded=False)
+                status.update(label=f"Analysed {ws.model_name} in {entry['seconds']:.1f} s", state="complete",
+                              expanded=False)
         if failure:
             st.error(failure)
         else:
@@ -127,14 +91,15 @@ def one_model(ws, settings: AttributionSettings) -> None:
         if select_key not in st.session_state:
             st.session_state[select_key] = [c for c in result.members("hero") if c in head_options]
         picked_names = [head_name(h) for h in picked if head_name(h) in head_options]
-        if picked_names and picked_names != st.session_state.get("_attr_last_pick"):
+        if picked_names and picked_names != st.session_state.get(LAST_PICK):
             st.session_state[select_key] = picked_names  # a new click / lasso on the scatter replaces the choice
-        st.session_state["_attr_last_pick"] = picked_names or None
+        st.session_state[LAST_PICK] = picked_names or None
         s1, s2 = st.columns([3, 1], vertical_alignment="bottom")
         chosen = s1.multiselect("Heads to test in the ablation lab (click or lasso heads on the rank scatter)", head_options,
                                 key=select_key)
         s2.button("Open in the ablation lab", key="attr_to_ablation", icon=":material/science:", disabled=not chosen,
-                  on_click=_send_to_ablation_lab, args=(list(chosen),))
+                  on_click=send_to_ablation_lab,
+                  args=(parse_heads(",".join(chosen)).heads if chosen else (), SEQ_VOCAB_SIZE, NUMBERS))
         st.caption("The ablation lab knocks out heads only (MLPs cannot be picked there) and scores them on its induction "
                    f"probe (for this model over the numbers {NUMBER_LOW}..{NUMBER_HIGH}) against matched-random controls.")
         with st.expander("Every component"):
@@ -178,9 +143,6 @@ def seeds(ws, task: str) -> None:
                 st.markdown(f"- **{name}**: {reason}")
 
 
-if st.session_state.pop(GOTO, False):
-    st.switch_page(ABLATION_PAGE)
-
 st.title("Gradient vs causal")
 ws = require_workspace()
 st.caption("[HHG] For a model trained on sequence reversal or sorting: each head's and MLP's gradient magnitude G "
@@ -196,8 +158,8 @@ if trained_for is not None and trained_for not in TASKS:
     if choices:
         cols = st.columns(min(len(choices), 4))
         for i, (name, task) in enumerate(choices.items()):
-            cols[i % len(cols)].button(f"Analyse {name} ({task})", key=f"attr_use_{name}", on_click=_use_model,
-                                       args=(name,))
+            cols[i % len(cols)].button(f"Analyse {name} ({task})", key=f"attr_use_{name}", on_click=set_choice,
+                                       args=(MODEL, name))
     else:
         st.info("The zoo has no reverse or sort model yet: train the quick zoo (it holds reverse-hhg) on the "
                 "Models & training page, or `python -m core zoo --preset paper` for the 10+10 [HHG] seeds.")

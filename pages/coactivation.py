@@ -5,36 +5,21 @@ import dataclasses
 import pandas as pd
 import streamlit as st
 
-from core.ablation.engine import METRICS
-from core.pipelines.coactivation import DEFAULT_N_CONTROLS, DEFAULT_STRATA, DEFAULT_N_NULL, closure_test, coactivation, default_settings
-from core.errors import HeadLabError
-from core.figures.bundle import ablation_strip, heads_from_points
+from core.figures.ablation import ablation_strip
 from core.figures.coactivation import (ari_by_k_chart, candidate_rows, candidate_table, closure_z_chart, coupling_graph,
                                        coupling_heatmap, default_edge_threshold, route_null_chart)
-from core.model.loading import ModelRef
-from pages._shared import (cached_batch, cached_model, checkpoint_stats, export_buttons, guarded, require_workspace,
-                           show_figure, spec_from_json)
+from core.pipelines.closure import DEFAULT_N_CONTROLS
+from core.pipelines.coactivation import DEFAULT_N_NULL, DEFAULT_STRATA, CoactivationSettings, default_settings
+from core.stats.inference import METRICS
+from pages._cache import cached_proposal, checkpoint_stats, run_closure, stored_closure
+from pages._state import require_workspace, send_to_ablation_lab
+from pages._widgets import export_buttons, guarded, new_pick, show_figure
 
-ABLATION_PAGE = "pages/ablation.py"
 GRAPH_KEY = "coact_graph"
 BEST = "best ARI"
-
-
-@st.cache_data(show_spinner="Fitting the Ising model and clustering |J|...", max_entries=16)
-def cached_proposal(model_name: str, revision: str, spec_json: str, stamp: str, route: bool, top_k: int,
-                    ks: tuple, k, n_init: int, min_size: int, max_size: int, drop_constant: bool, n_strata: int,
-                    n_null: int):
-    """The proposal (no ablation): core's pipeline with run_closure=False."""
-    return coactivation(ModelRef.parse(model_name), revision, spec_from_json(spec_json), route_conditional=route,
-                        top_k=top_k, ks=ks, k=k, n_init=n_init, min_size=min_size, max_size=max_size,
-                        drop_constant=drop_constant, n_strata=n_strata, n_null=n_null, run_closure=False)
-
-
-@st.cache_resource(show_spinner=False)
-def closure_store() -> dict:
-    """Closure tests of this server process, keyed by everything that determines them."""
-    return {}
-
+COMMUNITY = "coact_community"  # the community select box
+PROPOSAL = "_coact_proposal"  # the proposal settings of the last run (a new proposal starts at its candidate)
+CLOSURE = "coact_closure"  # the closure test on show (None: none yet)
 
 st.title("Co-activation")
 st.caption("Co-activation proposes, ablation disposes [CVC]: spins = each head's max attention at the query, split at "
@@ -71,9 +56,12 @@ with st.expander("Settings", expanded=False):
 if not ks:
     st.error("Pick at least one k to score (reference: 4, 6, 8, 10, 12).")
     st.stop()
-proposal_args = (ws.model_name, ws.revision, ws.spec_json, ws.stamp, bool(route), top_k, tuple(sorted(ks)),
-                 None if fixed == BEST else int(fixed), n_init, min_size, max_size, bool(drop_constant), n_strata, n_null)
-report = guarded(lambda: cached_proposal(*proposal_args))
+settings = guarded(lambda: CoactivationSettings(
+    route_conditional=bool(route), top_k=top_k, ks=tuple(sorted(ks)), k=None if fixed == BEST else int(fixed),
+    n_init=n_init, min_size=min_size, max_size=max_size, drop_constant=bool(drop_constant), n_strata=n_strata,
+    n_null=n_null, run_closure=False))
+proposal_args = (ws.model_name, ws.revision, ws.spec_json, ws.stamp, settings)
+report = guarded(lambda: cached_proposal(ws.model_name, ws.revision, ws.spec_json, ws.stamp, settings))
 selection = report.proposal.selection
 best = report.proposal.scores.metric(report.proposal.scores.best_k)
 
@@ -92,18 +80,13 @@ for note in report.notes:
 # A click or lasso on the graph picks the community of the first node it hits (read before the box is drawn).
 communities = [c.cluster for c in selection.clusters]
 cluster_of = {h: c.cluster for c in selection.clusters for h in c.heads}
-graph_state = st.session_state.get(GRAPH_KEY)
-try:
-    picked = heads_from_points(graph_state["selection"]["points"] if graph_state else [])
-except (KeyError, TypeError, HeadLabError):
-    picked = []
-if picked and picked != st.session_state.get("_coact_last"):
-    st.session_state["coact_community"] = cluster_of.get(picked[0], selection.candidate.cluster)
-st.session_state["_coact_last"] = picked or None
-if (st.session_state.get("coact_community") not in communities
-        or st.session_state.get("_coact_proposal") != proposal_args):  # a new proposal starts at its candidate
-    st.session_state["coact_community"] = selection.candidate.cluster
-st.session_state["_coact_proposal"] = proposal_args
+picked = new_pick(GRAPH_KEY)
+if picked:
+    st.session_state[COMMUNITY] = cluster_of.get(picked[0], selection.candidate.cluster)
+if (st.session_state.get(COMMUNITY) not in communities
+        or st.session_state.get(PROPOSAL) != proposal_args):  # a new proposal starts at its candidate
+    st.session_state[COMMUNITY] = selection.candidate.cluster
+st.session_state[PROPOSAL] = proposal_args
 
 left, right = st.columns([3, 2])
 with left:
@@ -146,39 +129,27 @@ a1, a2, a3 = st.columns([3, 1, 1])
 labels = {c.cluster: f"community {c.cluster}" + (" (candidate)" if c.cluster == selection.candidate.cluster else "")
           + f": {', '.join(f'L{l}H{h}' for l, h in c.heads)}" for c in selection.clusters}
 community = a1.selectbox("Community (or click a node on the graph)", communities, format_func=lambda c: labels[c],
-                         key="coact_community")
+                         key=COMMUNITY)
 n_controls = int(a2.number_input("Controls per kind", 1, 100, DEFAULT_N_CONTROLS, key="coact_controls"))
 control_seed = int(a3.number_input("Control seed", 0, 2**31 - 1, 123, key="coact_control_seed"))
 heads = report.community(community)
 b1, b2 = st.columns(2)
-if b1.button("Send to the ablation lab", key="coact_send", icon=":material/science:",
-             help="Opens the ablation lab with these heads typed in."):
-    st.session_state["heads_text"] = st.session_state["ablation_heads"] = str(heads)
-    st.switch_page(ABLATION_PAGE)
+b1.button("Send to the ablation lab", key="coact_send", icon=":material/science:",
+          help="Opens the ablation lab with these heads typed in.", on_click=send_to_ablation_lab, args=(heads,))
 run = b2.button("Run its closure test here", key="coact_run_closure", type="primary",
                 help="Ablate it against random controls from the same layers and from any layer, every metric.")
 
-store = closure_store()
-key = (ws.model_name, ws.revision, ws.spec_json, ws.stamp, str(heads), n_controls, control_seed,
-       None if report.route is None else (report.route.strata, report.route.discovery_stratum))
-if run and key not in store:
+test = stored_closure(ws, heads, n_controls, control_seed, report.route)
+if run and test is None:
     bar = st.progress(0.0, text="Loading the model...")
-    on = None
-    if report.route is not None:
-        on = [s == report.route.discovery_stratum for s in report.route.strata]
-    try:
-        test = closure_test(cached_model(ws.model_name, ws.revision, ws.stamp), cached_batch(ws.spec_json), heads,
-                            n_controls=n_controls, control_seed=control_seed, on_stratum=on,
-                            progress=lambda done, total: bar.progress(min(done / total, 1.0),
-                                                                      text=f"condition passes: {done}/{total}"))
-        store[key] = test
-    except HeadLabError as exc:
-        st.error(str(exc))
+    test = guarded(lambda: run_closure(ws, heads, n_controls, control_seed, report.route,
+                                       progress=lambda done, total: bar.progress(min(done / total, 1.0),
+                                                                                 text=f"condition passes: {done}/{total}")),
+                   stop=False)
     bar.empty()
-if run or key in store:
-    st.session_state["coact_shown"] = key
-test = store.get(st.session_state.get("coact_shown"))
-st.session_state["coact_closure"] = test  # the closure test on show (None: none yet)
+if run or test is not None:
+    st.session_state[CLOSURE] = test
+test = st.session_state.get(CLOSURE)
 if test is None:
     st.info("Pick a community (the candidate is preselected) and run its closure test, or send it to the ablation lab.")
     st.stop()

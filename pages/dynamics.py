@@ -4,36 +4,19 @@ between seeds and across a data shift, and how its form (selectivity) and functi
 import pandas as pd
 import streamlit as st
 
-from core.pipelines.dynamics import (DEFAULT_MARGIN, FORM_FUNCTION_LABELS, IDENTIFIABLE_BAND, continued_from, cross_seed_matrix,
-                           data_shift_jaccard, form_vs_function, training_trajectories)
 from core.errors import HeadLabError
 from core.figures.dynamics import (cross_seed_figure, data_shift_figure, form_function_figure, identification_figure,
                                    timing_figure)
-from core.heads import head_name, parse_heads
-from core.model.loading import ModelRef, list_zoo, read_manifest
-from pages._shared import (bound, format_tokens, guarded, model_stamp, require_workspace, screen_report, show_figure,
-                           spec_from_json)
+from core.heads import HeadSet, head_name, parse_heads
+from core.model.refs import list_zoo, read_manifest
+from core.pipelines.dynamics import continued_from, data_shift_jaccard
+from core.stats.dynamics import DEFAULT_MARGIN, FORM_FUNCTION_LABELS, IDENTIFIABLE_BAND
+from pages._cache import (cached_trajectories, model_stamp, run_cross_seed, run_form_function, screen_report,
+                          stored_cross_seed, stored_form_function)
+from pages._state import PR_DEFINITION, bound, require_workspace
+from pages._widgets import format_tokens, guarded, show_figure
 
 DEFINITIONS = {"entropy": "entropy effective rank", "classic": "classic PR"}
-
-
-@st.cache_data(show_spinner="Reading every checkpoint's head statistics...", max_entries=16)
-def cached_trajectories(model_name: str, spec_json: str, definition: str, stamp: str):
-    return training_trajectories(ModelRef.parse(model_name), spec_from_json(spec_json), definition)
-
-
-@st.cache_data(show_spinner=False, max_entries=8)
-def cached_cross_seed(models: tuple[str, ...], spec_json: str, n_controls: int, stamps: tuple[str, ...]):
-    return cross_seed_matrix([ModelRef.parse(m) for m in models], spec_from_json(spec_json), n_controls=n_controls)
-
-
-@st.cache_data(show_spinner=False, max_entries=8)
-def cached_form_function(model_name: str, spec_json: str, circuit: str, n_controls: int, revisions: tuple[str, ...],
-                         stamp: str):
-    ref = ModelRef.parse(model_name)
-    traj = cached_trajectories(model_name, spec_json, "entropy", stamp)
-    return form_vs_function(ref, parse_heads(circuit), spec_from_json(spec_json), traj, n_controls=n_controls,
-                            revisions=list(revisions))
 
 
 def same_shape_models(shape: tuple[int, int], tasks: tuple[str, ...] = ("induction",)) -> list[str]:
@@ -58,9 +41,8 @@ if ws.task != "induction":
     st.stop()
 
 c1, c2 = st.columns([2, 1])
-st.session_state.setdefault("pr_definition", "entropy")
 with c1:
-    definition = bound(st.radio, "PR definition", "pr_definition", list(DEFINITIONS), horizontal=True,
+    definition = bound(st.radio, "PR definition", PR_DEFINITION, list(DEFINITIONS), horizontal=True,
                        format_func=lambda d: DEFINITIONS[d])
 margin = float(c2.number_input("PR-rise margin (PR units above its running minimum)", min_value=0.01, max_value=100.0,
                                value=DEFAULT_MARGIN, step=0.1, key="dyn_margin"))
@@ -110,16 +92,11 @@ options = sorted(set(same_shape_models((n_layers, n_heads))) | {ws.model_name})
 s1, s2 = st.columns([3, 1])
 models = s1.multiselect("Models (seeds)", options, default=options, key=f"dyn_seed_models-{ws.model_name}")
 seed_controls = int(s2.number_input("Random draws", 1, 200, 20, key="dyn_seed_controls"))
-seed_key = (tuple(models), ws.spec_json, seed_controls)
-seed_store = st.session_state.setdefault("_dyn_cross_seed", {})
-if st.button("Run cross-seed ablation", key="dyn_run_cross_seed", disabled=not models):
+matrix = stored_cross_seed(tuple(models), ws.spec_json, seed_controls)
+if st.button("Run cross-seed ablation", key="dyn_run_cross_seed", disabled=not models) and matrix is None:
     with st.spinner(f"Ablating {len(models)} circuits in {len(models)} models..."):
-        matrix = guarded(lambda: cached_cross_seed(tuple(models), ws.spec_json, seed_controls,
-                                                   tuple(model_stamp(m) for m in models)), stop=False)
-    if matrix is not None:
-        seed_store[seed_key] = matrix
-if seed_key in seed_store:
-    matrix = seed_store[seed_key]
+        matrix = guarded(lambda: run_cross_seed(tuple(models), ws.spec_json, seed_controls), stop=False)
+if matrix is not None:
     show_figure(cross_seed_figure(matrix), "dyn_cross_seed")
     for a, row in enumerate(matrix.reasons):
         for b, reason in enumerate(row):
@@ -161,17 +138,13 @@ ff_controls = int(f1.number_input("Random draws per checkpoint", 1, 100, 5, key=
 stride = int(f2.number_input("Test every n-th checkpoint (the last always)", 1, max(1, len(traj.revisions)), 1,
                              key="dyn_ff_stride"))
 chosen_revisions = tuple(sorted(set(traj.revisions[::stride]) | {traj.revisions[-1]}, key=traj.revisions.index))
-ff_key = (ws.model_name, ws.spec_json, ",".join(head_name(h) for h in heads), ff_controls, chosen_revisions)
-ff_store = st.session_state.setdefault("_dyn_form_function", {})
+circuit = HeadSet(tuple(heads))
+ff = stored_form_function(ws, circuit, ff_controls, chosen_revisions)
 if st.button(f"Run the closure test at {len(chosen_revisions)} checkpoints", key="dyn_run_form_function",
-             disabled=not heads):
+             disabled=not heads) and ff is None:
     with st.spinner("Ablating the heads at every chosen checkpoint..."):
-        ff = guarded(lambda: cached_form_function(ws.model_name, ws.spec_json, ff_key[2], ff_controls, chosen_revisions,
-                                                  ws.stamp), stop=False)
-    if ff is not None:
-        ff_store[ff_key] = ff
-if ff_key in ff_store:
-    ff = ff_store[ff_key]
+        ff = guarded(lambda: run_form_function(ws, circuit, ff_controls, chosen_revisions), stop=False)
+if ff is not None:
     counts = ff.counts()
     cols = st.columns(len(FORM_FUNCTION_LABELS))
     for col, label in zip(cols, FORM_FUNCTION_LABELS):

@@ -5,16 +5,27 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from core.ablation.engine import DAMAGE_SIGN, Ablation, run_conditions
-from core.errors import HeadLabError
-from core.figures.bundle import (attention_pattern, attention_row, head_grid, head_pr, head_scores, heads_from_points,
-                          token_label, worst_examples)
-from core.heads import HeadSet, head_name
-from pages._shared import (ablation_store, cached_batch, cached_full_pattern, cached_model, checkpoint_screen,
-                           checkpoint_stats, current_head, guarded, require_workspace, screen_report, show_figure,
-                           sync_url)
+from core.ablation.study import example_damage, worst_examples
+from core.figures.ablation import head_grid
+from core.figures.inspector import attention_pattern, attention_row, head_scores
+from core.figures.spectral import head_pr
+from core.heads import head_name
+from core.tasks.vocab import token_label
+from pages._cache import (cached_batch, cached_full_pattern, checkpoint_screen, checkpoint_stats, run_single_ablation,
+                          screen_report, stored_single_ablation)
+from pages._state import HEAD, ablation_history, current_head, require_workspace, sync_url, widget_key
+from pages._widgets import guarded, new_pick, show_figure
 
 GRID_KEY = "inspector_grid"
+HEAD_BOX = widget_key(HEAD)  # the head select box
+HEAD_SYNCED = "_head_synced"  # the head the box showed last run (to tell who changed it since)
+
+
+def damage_table(damage: np.ndarray, clean_loss: np.ndarray, target: np.ndarray, n: int = 8) -> pd.DataFrame:
+    """The n examples with the largest damage [example]: Δ loss, clean loss, target token."""
+    return pd.DataFrame([{"example": int(i), "Δ loss": float(damage[i]), "clean loss": float(clean_loss[i]),
+                          "target": token_label(int(target[i]))} for i in worst_examples(damage, n)])
+
 
 st.title("Head inspector")
 ws = require_workspace()
@@ -26,25 +37,20 @@ n_layers, n_heads = here.induction_selectivity.shape
 names = [head_name((l, h)) for l in range(n_layers) for h in range(n_heads)]
 
 # A click on this page's grid picks the head (any page's grid sets it through the session and the URL).
-grid_state = st.session_state.get(GRID_KEY)
-try:
-    picked = heads_from_points(grid_state["selection"]["points"] if grid_state else [])
-except (KeyError, TypeError, HeadLabError):
-    picked = []
-if picked and picked != st.session_state.get("_inspector_last"):
-    st.session_state["head"] = head_name(picked[0])
-st.session_state["_inspector_last"] = picked or None
+picked = new_pick(GRID_KEY)
+if picked:
+    st.session_state[HEAD] = head_name(picked[0])
 
 strongest = tuple(int(i) for i in np.unravel_index(np.nanargmax(here.induction_selectivity), (n_layers, n_heads)))
 head = head_name(current_head(n_layers, n_heads, fallback=strongest))
 # The head box follows both the user and the rest of the app: whichever changed since the last run wins.
-synced = st.session_state.get("_head_synced")
-if st.session_state.get("_w_head") in names and st.session_state["_w_head"] != synced:
-    head = st.session_state["_w_head"]  # picked in the box
-st.session_state["_w_head"] = head
+synced = st.session_state.get(HEAD_SYNCED)
+if st.session_state.get(HEAD_BOX) in names and st.session_state[HEAD_BOX] != synced:
+    head = st.session_state[HEAD_BOX]  # picked in the box
+st.session_state[HEAD_BOX] = head
 top_left, top_right = st.columns([1, 3])
-chosen = top_left.selectbox("Head", names, key="_w_head")
-st.session_state["head"] = st.session_state["_head_synced"] = chosen
+chosen = top_left.selectbox("Head", names, key=HEAD_BOX)
+st.session_state[HEAD] = st.session_state[HEAD_SYNCED] = chosen
 head = divmod(names.index(chosen), n_heads)
 sync_url()
 layer, h = head
@@ -56,10 +62,11 @@ with st.expander("Pick a head on the grid", expanded=False):
                 GRID_KEY, pickable=True, stretch=False)
 
 # ------------------------------------------------------------------ examples and attention
-history = [e for e in st.session_state.get("ablation_history", [])
+history = [e for e in ablation_history()
            if head in e["result"].selection and e["model"] == ws.model_name and e["revision"] == ws.revision
            and e["probe"] == ws.spec_json]
-default = worst_examples(history[0]["result"], "loss", 3) if history else [0]
+hurt = history[0]["result"] if history else None  # the latest ablation that included this head
+default = worst_examples(example_damage(hurt.clean, hurt.candidate, "loss"), 3) if hurt else [0]
 examples = st.multiselect("Probe examples (up to 4; after an ablation, the ones it hurt most come first)",
                           list(range(batch.n_examples)), default=default, max_selections=4,
                           key=f"examples-{ws.model_name}-{ws.revision}-{ws.spec_json}-{head_name(head)}")
@@ -104,32 +111,19 @@ with right:
 
 # ------------------------------------------------------------------ which examples ablating it hurt most
 st.subheader("Examples an ablation hurt most")
-
-
-def damage_table(damage: np.ndarray, clean_loss: np.ndarray, n: int = 8) -> pd.DataFrame:
-    order = np.argsort(-damage, kind="stable")[:n]
-    return pd.DataFrame([{"example": int(i), "Δ loss": float(damage[i]), "clean loss": float(clean_loss[i]),
-                          "target": token_label(int(batch.target[i]))} for i in order])
-
-
 if history:
     latest = history[0]["result"]
     st.markdown(f"Group ablation **{latest.selection}** ({history[0]['label'].split(' · ')[0]}), which includes {head_name(head)}:")
-    st.dataframe(damage_table(DAMAGE_SIGN["loss"] * latest.candidate.delta(latest.clean, "loss"), latest.clean.loss),
+    st.dataframe(damage_table(example_damage(latest.clean, latest.candidate, "loss"), latest.clean.loss, batch.target),
                  hide_index=True, width="stretch")
-key = ("single", ws.model_name, ws.revision, ws.spec_json, ws.stamp, head)
-store = ablation_store()
-if key not in store and st.button(f"Ablate {head_name(head)} alone", key="inspector_single"):
-    try:
-        with st.spinner(f"Ablating {head_name(head)} on {batch.n_examples} probe examples..."):
-            model = cached_model(ws.model_name, ws.revision, ws.stamp)
-            clean, (alone,) = run_conditions(model, batch, [Ablation(HeadSet((head,)), label=head_name(head))])
-        store[key] = (clean, alone)
-    except HeadLabError as exc:
-        st.error(str(exc))
-if key in store:
-    clean, alone = store[key]
-    st.markdown(f"{head_name(head)} ablated alone (zero): mean Δ loss {float(alone.delta(clean, 'loss').mean()):+.4f}")
-    st.dataframe(damage_table(alone.delta(clean, "loss"), clean.loss), hide_index=True, width="stretch")
+alone = stored_single_ablation(ws, head)
+if alone is None and st.button(f"Ablate {head_name(head)} alone", key="inspector_single"):
+    with st.spinner(f"Ablating {head_name(head)} on {batch.n_examples} probe examples..."):
+        alone = guarded(lambda: run_single_ablation(ws, head), stop=False)
+if alone is not None:
+    clean, ablated = alone
+    st.markdown(f"{head_name(head)} ablated alone (zero): mean Δ loss {float(ablated.delta(clean, 'loss').mean()):+.4f}")
+    st.dataframe(damage_table(example_damage(clean, ablated, "loss"), clean.loss, batch.target), hide_index=True,
+                 width="stretch")
 elif not history:
     st.info("Run an ablation that includes this head in the Ablation lab, or ablate it alone here.")

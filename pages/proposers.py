@@ -4,8 +4,10 @@ import pandas as pd
 import streamlit as st
 
 from core.figures.proposers import proposers_figure
-from core.pipelines.proposers import PROPOSERS, proposers_vs_disposer
-from pages._shared import guarded, require_workspace, send_to_ablation_lab, show_figure, spec_from_json
+from core.pipelines.proposers import PROPOSERS
+from pages._cache import run_proposers, stored_proposers
+from pages._state import require_workspace, send_to_ablation_lab
+from pages._widgets import guarded, show_figure
 
 st.title("Proposers vs disposer")
 st.caption("Four ways to propose a circuit on this checkpoint (spectral ranking, pattern screen, co-activation "
@@ -21,17 +23,12 @@ kind = mid.selectbox("Controls", ("any-layer", "matched"), key="pvd_kind",
 size = int(right.number_input("Heads per spectral / gradient proposal (0 = the screen circuit's size)", 0, 64, 0,
                               key="pvd_size"))
 
-store = st.session_state.setdefault("pvd_reports", {})
-key = (ws.model_name, ws.revision, ws.spec_json, n_controls, kind, size)
-if st.button("Propose and dispose", type="primary", key="pvd_run"):
+report = stored_proposers(ws, size, n_controls, kind)
+if st.button("Propose and dispose", type="primary", key="pvd_run") and report is None:
     with st.status("Running the four proposers and their closure tests...", expanded=True) as status:
-        report = guarded(lambda: proposers_vs_disposer(
-            ws.ref, ws.revision, spec_from_json(ws.spec_json), size or None, n_controls, kind,
-            progress=lambda text: status.write(text)))
+        report = guarded(lambda: run_proposers(ws, size, n_controls, kind, progress=lambda text: status.write(text)))
         status.update(label="Done", state="complete", expanded=False)
-    store[key] = report
 
-report = store.get(key)
 if report is None:
     st.info("Press **Propose and dispose**. The screen over all checkpoints is cached after the first run; "
             f"each proposal then costs one ablation pass per control ({n_controls} controls).")
@@ -49,6 +46,5 @@ st.markdown("**Send a proposal to the ablation lab**")
 cols = st.columns(len(PROPOSERS))
 for col, disposal in zip(cols, report.disposals):
     heads = disposal.proposal.heads
-    if col.button(disposal.proposal.method, key=f"pvd_send_{disposal.proposal.method}", disabled=len(heads) == 0,
-                  help=disposal.proposal.rationale):
-        send_to_ablation_lab(heads)
+    col.button(disposal.proposal.method, key=f"pvd_send_{disposal.proposal.method}", disabled=len(heads) == 0,
+               help=disposal.proposal.rationale, on_click=send_to_ablation_lab, args=(heads,))

@@ -2,17 +2,19 @@
 
 import streamlit as st
 
-from core.figures.bundle import (class_fractions_over_training, class_map, selectivity_animation, selectivity_heatmap,
-                          selectivity_strip)
+from core.figures.screen import (ScreenMarks, class_fractions_over_training, class_map, selectivity_animation,
+                                 selectivity_heatmap, selectivity_strip)
 from core.stats.selectivity import classify
-from pages._shared import bound, checkpoint_screen, guarded, offer_inspect, require_workspace, screen_report, show_figure, sync_url
+from pages._cache import checkpoint_screen, screen_report
+from pages._state import PATTERN, bound, offer_inspect, require_workspace, sync_url
+from pages._widgets import guarded, show_figure
 
 st.title("Pattern screen")
 ws = require_workspace()
 report = guarded(lambda: screen_report(ws))
 here = guarded(lambda: checkpoint_screen(ws))
 patterns = list(report.final.patterns)
-pattern = bound(st.radio, "Pattern", "pattern", patterns, horizontal=True)
+pattern = bound(st.radio, "Pattern", PATTERN, patterns, horizontal=True)
 sync_url()
 
 index = ws.checkpoint_index
@@ -36,14 +38,13 @@ st.caption(f"Induction circuit at {ws.revision}: **{circuit or 'none'}** (≥ {h
 left, right = st.columns(2)
 with left:
     heat = selectivity_heatmap(sel[patterns.index(pattern)], pattern, report.model, report.probe_spec, ckpt.revision,
-                               ckpt.tokens, here.threshold, floor, here.baseline, here.membership,
-                               here.induction_threshold, here.membership_baseline)
+                               ckpt.tokens, ScreenMarks.of(here))
     picked = show_figure(heat, "screen_heatmap", pickable=True)
 with right:
     classes = classify(sel, patterns, here.threshold)
     picked_classes = show_figure(class_map(classes, report.model, report.probe_spec, ckpt.revision, here.threshold),
                                  "screen_classes", pickable=True)
-offer_inspect(picked or picked_classes, "screen")
+offer_inspect(picked or picked_classes)
 
 left, right = st.columns(2)
 with left:

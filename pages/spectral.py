@@ -2,9 +2,11 @@
 
 import streamlit as st
 
-from core.figures.bundle import pr_integral_grid, pr_integral_ranking, pr_trajectories
+from core.figures.spectral import pr_integral_grid, pr_integral_ranking, pr_trajectories
 from core.heads import head_name, parse_heads
-from pages._shared import bound, guarded, offer_inspect, require_workspace, screen_report, show_figure
+from pages._cache import screen_report
+from pages._state import PR_DEFINITION, bound, offer_inspect, require_workspace
+from pages._widgets import guarded, show_figure
 
 DEFINITIONS = {
     "entropy": "entropy effective rank exp(H(s²/Σs²)) of the uncentered head outputs (reference code)",
@@ -15,9 +17,8 @@ st.title("Spectral signal")
 ws = require_workspace()
 
 c1, c2 = st.columns([2, 1])
-st.session_state.setdefault("pr_definition", "entropy")
 with c1:
-    definition = bound(st.radio, "PR definition", "pr_definition", list(DEFINITIONS), horizontal=True,
+    definition = bound(st.radio, "PR definition", PR_DEFINITION, list(DEFINITIONS), horizontal=True,
                        format_func=lambda d: {"entropy": "entropy effective rank", "classic": "classic PR"}[d])
 report = guarded(lambda: screen_report(ws, definition))
 n_layers, n_heads = report.shape
@@ -36,14 +37,14 @@ highlight = parse_heads(",".join(highlight_names)).heads if highlight_names else
 
 picked = show_figure(pr_trajectories(spectral, report.model, report.probe_spec, highlight, ws.checkpoint.tokens),
                      "spectral_trajectories", pickable=True)
-offer_inspect(picked, "spectral_trajectories")
+offer_inspect(picked)
 
 left, right = st.columns([3, 2])
 with left:
     show_figure(pr_integral_ranking(spectral, report.model, report.probe_spec, k), "spectral_ranking")
 with right:
     picked = show_figure(pr_integral_grid(spectral, report.model, report.probe_spec), "spectral_grid", pickable=True)
-    offer_inspect(picked, "spectral_grid")
+    offer_inspect(picked)
 
 st.markdown(f"**Top-{k} spectral heads:** {', '.join(head_name(h) for h in top)}")
 if spectral.dropped:

@@ -8,16 +8,17 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from core.errors import HeadLabError
-from core.model.loading import list_zoo, read_manifest
-from pages._shared import format_tokens, workspace_sidebar
+from core.model.refs import list_zoo, read_manifest
+from core.zoo.presets import ZOO_PRESETS, train_zoo
+from pages._cache import forget_data
+from pages._state import current_workspace
+from pages._widgets import format_tokens
 
 st.title("Models & training")
 
 
 def train_quick_zoo() -> None:
     """Train every missing quick-zoo model, one progress bar per model (resumable if interrupted)."""
-    from core.zoo.train import ZOO_PRESETS, train_zoo
-
     entries = ZOO_PRESETS["quick"]
     for i, (name, _, _) in enumerate(entries):
         bar = st.progress(0.0, text=f"Training {name} ({i + 1}/{len(entries)})...")
@@ -46,13 +47,12 @@ if not zoo_names:
         except HeadLabError as exc:
             st.error(str(exc))
         else:
-            st.cache_data.clear()
+            forget_data()
             st.rerun()
     st.caption("Or from a terminal: `python -m core zoo --preset quick`. Training resumes where it stopped.")
-    workspace_sidebar()
     st.stop()
 
-workspace = workspace_sidebar()
+workspace = current_workspace()
 
 st.subheader("The zoo")
 rows = []

@@ -23,7 +23,7 @@ os.environ["HEADLAB_HOME"] = str(_SESSION_HOME)
 @pytest.fixture(scope="session")
 def quick_zoo() -> Path:
     """The zoo folder holding the trained quick preset (trained here unless HEADLAB_TEST_ZOO is set)."""
-    from core.zoo.train import train_zoo
+    from core.zoo.presets import train_zoo
     from core.workspace import zoo_dir
 
     reuse = os.environ.get("HEADLAB_TEST_ZOO")

@@ -1,1 +1,1 @@
-"""The ablation engine: the metric definition, the hooks with prefix reuse, and studies over conditions."""
+"""Group ablation: spec.py (Ablation, the one metric definition), engine.py (hooks, prefix reuse), study.py (studies, summaries, worst examples)."""

@@ -1,6 +1,6 @@
 """`python -m core export MODEL --figure spectral|screen|ablation|attribution --out DIR`: the app's figures, headless.
 
-The same builders the pages draw (core/figures.py), written in the paper theme as PNG (high
+The same builders the pages draw (core/figures/), written in the paper theme as PNG (high
 resolution), SVG and PDF, with each figure's data as CSV and JSON carrying its provenance.
 """
 
@@ -10,9 +10,24 @@ import argparse
 import time
 from pathlib import Path
 
+from tqdm import tqdm
+
+from core.ablation.study import AblationSettings, ablation_study
 from core.errors import HeadLabError
-from core.figures.bundle import IMAGE_FORMATS, ablation_bundles, export_bundle, screen_bundles, spectral_bundles
+from core.figures.ablation import ablation_bundles
+from core.figures.attribution import attribution_bundles
+from core.figures.bundle import IMAGE_FORMATS, export_bundle
+from core.figures.screen import screen_bundles
+from core.figures.spectral import spectral_bundles
 from core.heads import HeadSet, head_name, parse_heads
+from core.model.loading import load_model
+from core.model.refs import ModelRef, list_checkpoints, resolve_checkpoint
+from core.pipelines.attribution import analyze_ref, manifest_task, stored_result, stored_summaries
+from core.pipelines.attribution_results import AttributionSettings
+from core.pipelines.recipe import ScreenSettings, screen, screen_checkpoint
+from core.probe import head_stats
+from core.tasks.sequences import TASKS as SEQUENCE_TASKS
+from core.tasks.specs import probe_spec
 
 PROBE_FIGURES = ("spectral", "screen", "ablation")  # models probed with the induction or text batch
 SEQUENCE_FIGURES = ("attribution",)  # [HHG] reversal / sorting models
@@ -55,14 +70,6 @@ def _formats(text: str) -> tuple[str, ...]:
 
 def cli_export(args: argparse.Namespace) -> dict:
     """Write the chosen figures for MODEL into --out; returns the files written."""
-    from tqdm import tqdm
-
-    from core.model.loading import ModelRef, list_checkpoints, resolve_checkpoint
-    from core.pipelines.recipe import probe_spec, screen
-
-    from core.pipelines.attribution import manifest_task
-    from core.tasks.sequences import TASKS as SEQUENCE_TASKS
-
     formats = _formats(args.formats)
     ref = ModelRef.parse(args.model)
     sequence_model = manifest_task(ref) in SEQUENCE_TASKS
@@ -82,8 +89,9 @@ def cli_export(args: argparse.Namespace) -> dict:
     if "spectral" in wanted or "screen" in wanted or not args.heads:  # an ablation of given heads needs no screen
         bar = tqdm(total=len(list_checkpoints(ref)), unit="ckpt", desc=f"screen {ref.name}"[-40:])
         try:
-            report = screen(ref, spec, k=k, definition=args.pr, device=args.device,
-                            n_null_draws=500 if args.task == "induction" else 0,  # the null is an induction statistic
+            settings = ScreenSettings(k=k, definition=args.pr,
+                                      n_null_draws=500 if args.task == "induction" else 0)  # the null is an induction statistic
+            report = screen(ref, spec, settings, device=args.device,
                             progress=lambda done, total, revision: bar.update(1))
         finally:
             bar.close()
@@ -119,13 +127,9 @@ def cli_export(args: argparse.Namespace) -> dict:
     return out
 
 
-def _export_attribution(ref, args: argparse.Namespace, formats: tuple[str, ...]) -> dict:
+def _export_attribution(ref: ModelRef, args: argparse.Namespace, formats: tuple[str, ...]) -> dict:
     """[HHG] figures of one reversal/sorting model (its stored preset result when there is one, else a
     fresh analysis with default settings), plus the seed-level figures of the stored results of its task."""
-    from core.pipelines.attribution import AttributionSettings, analyze_ref, manifest_task, stored_result, stored_summaries
-    from core.figures.attribution import attribution_bundles
-    from core.model.loading import resolve_checkpoint
-
     settings = AttributionSettings(task=manifest_task(ref))
     revision = resolve_checkpoint(ref, args.revision).revision
     result = stored_result(ref.name, settings, revision) if ref.kind == "zoo" else None
@@ -139,20 +143,14 @@ def _export_attribution(ref, args: argparse.Namespace, formats: tuple[str, ...])
     return {"model": ref.name, "figures": ["attribution"], "revision": revision, "files": [str(p) for p in written]}
 
 
-def _checkpoint_screen(ref, checkpoint, spec, args: argparse.Namespace):
+def _checkpoint_screen(ref: ModelRef, checkpoint, spec, args: argparse.Namespace):
     """Step 2 at one (non-final) checkpoint, from the HeadStats cache the screen just filled."""
-    from core.pipelines.recipe import build_probe, head_stats, screen_checkpoint
-
-    stats = head_stats(ref, checkpoint, build_probe(spec), device=args.device)
+    stats = head_stats(ref, checkpoint, spec, device=args.device)
     return screen_checkpoint(stats, n_null_draws=500 if args.task == "induction" else 0)
 
 
-def _run_ablation(args: argparse.Namespace, ref, checkpoint, report, here, spec) -> dict:
+def _run_ablation(args: argparse.Namespace, ref: ModelRef, checkpoint, report, here, spec) -> dict:
     """Group ablation of --heads (default: the screened circuit at the chosen checkpoint, else top-K)."""
-    from core.ablation.engine import ablation_study
-    from core.model.loading import load_model
-    from core.pipelines.recipe import build_probe
-
     model = load_model(ref, checkpoint.revision, device=args.device)
     if args.heads:
         heads = parse_heads(args.heads, int(model.cfg.n_layers), int(model.cfg.n_heads))
@@ -162,10 +160,10 @@ def _run_ablation(args: argparse.Namespace, ref, checkpoint, report, here, spec)
             heads = HeadSet(tuple(report.spectral.top_heads))
             print(f"no head reaches the membership threshold ({here.induction_threshold:.3g}x) at "
                   f"{checkpoint.revision}; ablating the top-K spectral heads instead.")
-    batch = build_probe(spec)
     start = time.perf_counter()
-    result = ablation_study(model, batch, heads, n_controls=args.controls, controls=args.control_kind,
-                            mode=args.mode, seed=args.control_seed, device=args.device)
+    settings = AblationSettings(n_controls=args.controls, controls=args.control_kind, mode=args.mode,
+                                seed=args.control_seed)
+    result = ablation_study(model, spec.build(), heads, settings, device=args.device)
     seconds = time.perf_counter() - start
     for name, verdict in result.verdicts.items():
         print(f"{name}: {verdict.label} ({verdict.rule})")

@@ -1,7 +1,7 @@
 """Figures of the gradient-vs-causal analysis [HHG], shared by the app page and exports.
 
-Builders take core.pipelines.attribution results and return `core.figures.FigureBundle`s (figure in the
-screen theme, data rows, provenance), like core/figures.py:
+Builders take core.pipelines.attribution results and return `core.figures.bundle.FigureBundle`s (figure in
+the screen theme, data rows, provenance), like the other core/figures modules:
 
 - `rank_scatter`: one model's gradient rank against its causal rank, the aligned band around the
   diagonal, heroes and bloats labelled, coloured by layer (heads are click targets: customdata);
@@ -23,10 +23,12 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from core.figures.theme import CANDIDATE_COLOR, CONTROL_COLOR, LAYER_COLORS, PAPER_HEIGHT, PAPER_WIDTH, SCREEN
-from core.pipelines.attribution import AttributionResult, AttributionSummary, parse_component, summarize
 from core.errors import HeadLabError
-from core.figures.bundle import FigureBundle, _legend_on_top, provenance
+from core.figures._style import _legend_on_top
+from core.figures.bundle import FigureBundle
+from core.figures.theme import CANDIDATE_COLOR, CONTROL_COLOR, LAYER_COLORS, PAPER_HEIGHT, PAPER_WIDTH, SCREEN
+from core.pipelines.attribution_results import AttributionResult, AttributionSummary, parse_component, summarize
+from core.results import provenance
 
 # Published mean rho over 10 seeds [HHG] (METHODS.md, "Reported figures to compare against").
 PAPER_RHO = {"reverse": 0.72, "sort": 0.27}

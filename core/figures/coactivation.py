@@ -5,20 +5,25 @@ Built from a core.pipelines.coactivation.CoactivationReport, so the page and `py
 ordered by community, ARI by k, the community table with the candidate, the closure z-scores per
 metric, and (route-conditional) the observed statistic against its random-partition null.
 
-Heads are flat indices f = layer * n_head + head in J, as everywhere in core.ising. Node markers
-carry customdata "L{l}H{h}", so a click or a lasso names heads (core.figures.heads_from_points).
+Heads are flat indices f = layer * n_head + head in J, as everywhere in core.stats (spins, ising,
+clusters). Node markers carry customdata "L{l}H{h}", so a click or a lasso names heads
+(core.figures._style.heads_from_points).
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
+import networkx as nx
 import numpy as np
 import plotly.graph_objects as go
 
+from core.figures._style import _legend_on_top
+from core.figures.bundle import FigureBundle
 from core.figures.theme import CANDIDATE_COLOR, CLASS_COLORS, CONTROL_COLOR, LAYER_COLORS, PAPER_WIDTH, SCREEN
-from core.figures.bundle import FigureBundle, _legend_on_top, provenance
 from core.heads import head_name
+from core.results import provenance
+from core.stats.inference import METRICS
 
 EDGE_BINS = 4                      # edge widths are drawn in this many |J| bins (one trace each)
 EDGE_WIDTHS = (0.6, 1.4, 2.6, 4.2)
@@ -65,8 +70,6 @@ def graph_layout(J: Any, seed: int = 0) -> np.ndarray:
 
     Computed on every coupling, not the thresholded ones, so nodes stay put when the threshold moves.
     """
-    import networkx as nx
-
     a = np.abs(np.asarray(J, dtype=np.float64))
     np.fill_diagonal(a, 0.0)
     graph = nx.from_numpy_array(a)
@@ -258,8 +261,6 @@ def candidate_table(report: Any) -> FigureBundle:
 
 def closure_z_chart(report: Any) -> FigureBundle:
     """z of each metric for every control kind and split, with the ±threshold lines; verdicts in the legend."""
-    from core.ablation.engine import METRICS
-
     closure = report.closure
     if closure is None:
         raise ValueError("this report has no closure test")

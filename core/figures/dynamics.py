@@ -1,9 +1,9 @@
 """Figure builders for circuits over training and for the replication report.
 
-Each returns a `core.figures.FigureBundle` (screen theme, data rows, provenance), so the
+Each returns a `core.figures.bundle.FigureBundle` (screen theme, data rows, provenance), so the
 "Training dynamics" page draws and exports exactly what `python -m core replicate` writes.
-Inputs are the results of core/dynamics.py (Trajectories, Identification, CrossSeedMatrix,
-DataShift, FormFunction) and of core/attribution.py (AttributionResult, AttributionSummary).
+Inputs are the results of core/pipelines/dynamics.py (Trajectories, Identification, CrossSeedMatrix,
+DataShift, FormFunction) and of core/pipelines/attribution.py (AttributionResult, AttributionSummary).
 Token axes are logarithmic; checkpoints at 0 tokens have no place there and are named in captions.
 """
 
@@ -16,14 +16,14 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from core.figures._style import SELECTIVITY_FLOOR, _legend_on_top
+from core.figures.bundle import FigureBundle
 from core.figures.theme import CANDIDATE_COLOR, CONTROL_COLOR, LAYER_COLORS, PAPER_WIDTH, SCREEN
-from core.pipelines.dynamics import (DEFAULT_MARGIN, FORM_FUNCTION_LABELS, IDENTIFIABLE_BAND, Z_THRESHOLD, CrossSeedMatrix,
-                           DataShift, FormFunction, Identification, Trajectories)
-from core.figures.bundle import FigureBundle, _legend_on_top, provenance
-from core.heads import head_name
+from core.heads import Head, head_name
+from core.pipelines.dynamics import CrossSeedMatrix, DataShift, FormFunction, Trajectories
+from core.stats.dynamics import DEFAULT_MARGIN, FORM_FUNCTION_LABELS, IDENTIFIABLE_BAND, Z_THRESHOLD, Identification
+from core.results import provenance
 
-Head = tuple[int, int]
-FLOOR = 1e-3  # selectivity drawn on a log axis is floored here
 Z_CAP = 10.0  # the cross-seed colour scale saturates here; the cells print every value
 CLASS_MARKERS = {"hero": ("#D55E00", "triangle-up"), "bloat": ("#0072B2", "triangle-down"), "aligned": ("#999999", "circle")}
 LABEL_COLORS = {"form and function": "#009E73", "function without form": "#D55E00",
@@ -72,7 +72,7 @@ def timing_figure(traj: Trajectories, heads: Iterable[Head] | None = None, margi
         fig.add_trace(go.Scatter(x=x, y=pr[keep].tolist(), mode="lines", name=name, legendgroup=name,
                                  line=dict(color=color, width=2),
                                  hovertemplate=f"{name}<br>%{{x:.3s}} tokens<br>PR %{{y:.3f}}<extra></extra>"), row=1, col=1)
-        fig.add_trace(go.Scatter(x=x, y=np.maximum(sel[keep], FLOOR).tolist(), mode="lines", name=name, legendgroup=name,
+        fig.add_trace(go.Scatter(x=x, y=np.maximum(sel[keep], SELECTIVITY_FLOOR).tolist(), mode="lines", name=name, legendgroup=name,
                                  showlegend=False, line=dict(color=color, width=2),
                                  hovertemplate=f"{name}<br>%{{x:.3s}} tokens<br>%{{y:.3g}}x<extra></extra>"), row=2, col=1)
         if timing.rise.index is not None and timing.rise.tokens and timing.rise.tokens > 0:
@@ -81,7 +81,7 @@ def timing_figure(traj: Trajectories, heads: Iterable[Head] | None = None, margi
                                      marker=dict(symbol="triangle-up", size=13, color=color, line=dict(width=1, color="black")),
                                      hovertemplate=f"{name} PR rise at %{{x:.3s}} tokens<extra></extra>"), row=1, col=1)
         if timing.crossing.index is not None and timing.crossing.tokens and timing.crossing.tokens > 0:
-            fig.add_trace(go.Scatter(x=[timing.crossing.tokens], y=[float(max(sel[timing.crossing.index], FLOOR))],
+            fig.add_trace(go.Scatter(x=[timing.crossing.tokens], y=[float(max(sel[timing.crossing.index], SELECTIVITY_FLOOR))],
                                      mode="markers", name=f"{name} crossing", legendgroup=name, showlegend=False,
                                      marker=dict(symbol="star", size=15, color=color, line=dict(width=1, color="black")),
                                      hovertemplate=f"{name} crosses at %{{x:.3s}} tokens<extra></extra>"), row=2, col=1)
@@ -253,7 +253,7 @@ def form_function_figure(ff: FormFunction, metric: str = "target_logit") -> Figu
     and z = ∓1.8 (the closure threshold on the damaging side).
     """
     sign = 1.0 if metric == "loss" else -1.0  # damage direction: loss up, logit/accuracy down
-    x = np.maximum(np.asarray(ff.form_score, dtype=np.float64), FLOOR)
+    x = np.maximum(np.asarray(ff.form_score, dtype=np.float64), SELECTIVITY_FLOOR)
     y = np.array([np.nan if c.get(metric, {}).get("z") is None else float(c[metric]["z"]) for c in ff.cells])
     labels = ff.labels
     tokens = np.asarray(ff.tokens, dtype=np.float64)

@@ -6,7 +6,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from core.figures.theme import CANDIDATE_COLOR, CONTROL_COLOR, FADED, SCREEN
-from core.figures.bundle import FigureBundle, _legend_on_top, _metric_label, provenance
+from core.figures._style import _legend_on_top, _metric_label
+from core.figures.bundle import FigureBundle
+from core.results import provenance
 
 VERDICT_COLORS = {"pass": CANDIDATE_COLOR, "fail": CONTROL_COLOR, "fails in the wrong direction": "#d62728",
                   "not tested": FADED}

@@ -8,7 +8,7 @@ LAYER_COLORS = [
     "#999999", "#882255", "#44AA99", "#117733", "#332288", "#AA4499", "#88CCEE", "#DDCC77",
 ]
 
-# One colour per head class of the pattern screen (same order as core.selectivity.PATTERNS).
+# One colour per head class of the pattern screen (same order as core.tasks.probe_batch.PATTERNS).
 CLASS_COLORS = {
     "induction": "#D55E00",
     "duplicate-token": "#CC79A7",

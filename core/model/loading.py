@@ -1,12 +1,11 @@
-"""Which model, which checkpoint, and loading it through TransformerLens with raw weights.
+"""Loading a checkpoint through TransformerLens with raw weights, after checking it can load.
 
-A model is named by a `ModelRef`: a zoo model trained by HeadLab (`$HEADLAB_HOME/zoo/<name>/`), a
-local Hugging Face folder, or a Hugging Face hub name. Each has training checkpoints
-(`Checkpoint`: revision, step, tokens seen). `load_model` boots a TransformerLens
-`TransformerBridge` over the Hugging Face model with *raw* weights (no LayerNorm folding, no
-value-bias folding), so `blocks.{l}.attn.hook_z` is exactly the input of the model's own output
-projection and `hook_z[..., h, :] @ head_output_weights(model)[l, h]`, summed over heads plus
-`output_bias(model, l)`, is the attention output (METHODS.md, Step 1 pitfall).
+`load_model` boots a TransformerLens `TransformerBridge` over the Hugging Face model with *raw*
+weights (no LayerNorm folding, no value-bias folding), so the hooks and W_O views of
+core/model/hooks.py read the model's own computation (METHODS.md, Step 1 pitfall). Before any
+weight is read, the config alone gives a memory estimate (refused when the model cannot fit) and
+local safetensors files are checked for truncation, so a user gets a sentence naming the problem.
+Which model and checkpoint is core/model/refs.py.
 
 Nothing is cached here: the app caches loaded models with st.cache_resource.
 """
@@ -16,240 +15,33 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import struct
-from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, Iterator
 
+import huggingface_hub.constants as hub_constants
 import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformer_lens.model_bridge import TransformerBridge
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from core.errors import HeadLabError
-from core.workspace import zoo_dir
+from core.model.hooks import family_of
+from core.model.refs import RETRAIN_HINT, ModelRef, checkpoint_path
 
-KINDS = ("zoo", "local", "hub")
-PYTHIA_TOKENS_PER_STEP = 2_097_152  # 1024 sequences x 2048 tokens per Pythia optimizer step
-UNKNOWN_TOKENS = -1  # a checkpoint whose token count is not known (a bare local folder)
+try:  # optional: without psutil the free memory is read from /proc/meminfo
+    import psutil
+except ImportError:
+    psutil = None
+
 ACTIVATION_MARGIN_BYTES = 256 * 2**20  # room for one probe chunk's activations
 MEMORY_OVERHEAD = 1.3  # allocator slack, buffers, the bridge's wrappers
-RETRAIN_HINT = "python -m core zoo --preset quick"
-_HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.\-]*/[A-Za-z0-9][\w.\-]*$")
-_PYTHIA_REVISION = re.compile(r"^step(\d+)$")
-_OLMO_REVISION = re.compile(r"^step(\d+)-tokens(\d+(?:\.\d+)?)B$")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 # Families whose MLP is up -> act -> down (two matrices); all others are assumed gated (three).
 _UNGATED_FAMILIES = {"gpt_neox", "gpt2", "gptj", "gpt_neo", "opt", "bloom", "falcon", "phi"}
 
 
-# ----------------------------------------------------------------------------- references
-
-
-@dataclass(frozen=True)
-class ModelRef:
-    """A model: `kind` "zoo" (name under zoo_dir()), "local" (absolute folder) or "hub" (org/name)."""
-
-    name: str
-    kind: str
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"ModelRef.kind must be one of {KINDS}, got {self.kind!r}")
-
-    @staticmethod
-    def parse(text: str) -> "ModelRef":
-        """Read a model the way a user types it: a folder path, a zoo name, or org/model."""
-        text = str(text).strip()
-        if text and Path(text).expanduser().is_dir():
-            return ModelRef(str(Path(text).expanduser().resolve()), "local")
-        zoo = list_zoo()
-        if text in zoo:
-            return ModelRef(text, "zoo")
-        if _HUB_NAME.match(text):
-            return ModelRef(text, "hub")
-        names = ", ".join(zoo) if zoo else f"none yet (run {RETRAIN_HINT})"
-        raise HeadLabError(
-            f"unknown model {text!r}; zoo models: {names}; or give a local Hugging Face folder "
-            "or a hub name like EleutherAI/pythia-160m."
-        )
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "kind": self.kind}
-
-    @staticmethod
-    def from_json(obj: dict) -> "ModelRef":
-        return ModelRef(str(obj["name"]), str(obj["kind"]))
-
-    def __str__(self) -> str:
-        return self.name
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """One training checkpoint: its revision name, optimizer step and tokens seen (-1: unknown)."""
-
-    revision: str
-    step: int
-    tokens: int
-
-    def to_json(self) -> dict:
-        return {"revision": self.revision, "step": self.step, "tokens": self.tokens}
-
-    @staticmethod
-    def from_json(obj: dict) -> "Checkpoint":
-        return Checkpoint(str(obj["revision"]), int(obj["step"]), int(obj["tokens"]))
-
-
-def list_zoo() -> list[str]:
-    """Names of the zoo models present (folders under zoo_dir() holding a manifest.json)."""
-    return sorted(p.name for p in zoo_dir().iterdir() if (p / "manifest.json").is_file())
-
-
-def read_manifest(name: str) -> dict:
-    """The manifest of zoo model `name` as a dict; HeadLabError when missing or unreadable."""
-    path = zoo_dir() / name / "manifest.json"
-    if not path.is_file():
-        names = ", ".join(list_zoo()) or f"none yet (run {RETRAIN_HINT})"
-        raise HeadLabError(f"unknown zoo model {name!r}; zoo models: {names}.")
-    return _manifest_at(path)
-
-
-def _manifest_at(path: Path) -> dict:
-    """A manifest.json, checked to list checkpoints; HeadLabError when it cannot be read."""
-    try:
-        manifest = json.loads(path.read_text())
-        manifest["checkpoints"] = [Checkpoint.from_json(c).to_json() for c in manifest["checkpoints"]]
-        return manifest
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise HeadLabError(
-            f"manifest {path} is unreadable ({type(exc).__name__}: {exc}); delete the model "
-            f"folder {path.parent} and retrain it (e.g. {RETRAIN_HINT})."
-        ) from None
-
-
-# ----------------------------------------------------------------------------- checkpoints
-
-
-def parse_revision(model_name: str, revision: str) -> tuple[int, int] | None:
-    """(step, tokens) from a hub revision name, or None when the name carries no token count.
-
-    OLMo names carry the count: `step{N}-tokens{X}B` -> X * 1e9. Pythia names carry only the
-    step: `step{N}` -> N * 2,097,152 tokens, applied only to models named like Pythia, since
-    tokens per step is a property of Pythia's batch size.
-    """
-    match = _OLMO_REVISION.match(revision)
-    if match:
-        try:
-            tokens = int(Decimal(match.group(2)) * 10**9)
-        except InvalidOperation:
-            return None
-        return int(match.group(1)), tokens
-    match = _PYTHIA_REVISION.match(revision)
-    if match and "pythia" in model_name.lower():
-        step = int(match.group(1))
-        return step, step * PYTHIA_TOKENS_PER_STEP
-    return None
-
-
-def tokens_from_revision(model_name: str, revision: str) -> int | None:
-    """Tokens seen at a hub revision (Pythia `step{N}`, OLMo `step{N}-tokens{X}B`), else None."""
-    parsed = parse_revision(model_name, revision)
-    return None if parsed is None else parsed[1]
-
-
-def list_checkpoints(ref: ModelRef) -> list[Checkpoint]:
-    """The model's checkpoints sorted by tokens seen; HeadLabError when there are none."""
-    if ref.kind == "zoo":
-        checkpoints = _read_manifest(zoo_dir() / ref.name / "manifest.json")
-    elif ref.kind == "local":
-        folder = Path(ref.name)
-        if (folder / "manifest.json").is_file():
-            checkpoints = _read_manifest(folder / "manifest.json")
-        else:
-            # A bare save_pretrained folder is one checkpoint whose training position is unknown.
-            checkpoints = [Checkpoint("main", 0, UNKNOWN_TOKENS)]
-    else:
-        checkpoints = _hub_checkpoints(ref.name)
-    if not checkpoints:
-        raise HeadLabError(
-            f"model {ref.name} has no training checkpoints with known token counts; "
-            "pick a model with step revisions (e.g. EleutherAI/pythia-160m) or retrain it."
-        )
-    return sorted(checkpoints, key=lambda c: (c.tokens, c.step, c.revision))
-
-
-def _read_manifest(path: Path) -> list[Checkpoint]:
-    """Checkpoints listed in a manifest.json."""
-    return [Checkpoint.from_json(c) for c in _manifest_at(path)["checkpoints"]]
-
-
-def _hub_checkpoints(name: str) -> list[Checkpoint]:
-    """Checkpoints from the hub's branch names (needs the network)."""
-    from huggingface_hub import list_repo_refs
-
-    try:
-        refs = list_repo_refs(name)
-    except Exception as exc:  # offline, unknown repo, gated repo, network error
-        raise HeadLabError(
-            f"cannot list the revisions of hub model {name} ({type(exc).__name__}); check the "
-            "name and the network, or use a zoo model or a local folder."
-        ) from None
-    checkpoints = []
-    for branch in refs.branches:
-        parsed = parse_revision(name, branch.name)
-        if parsed is not None:
-            checkpoints.append(Checkpoint(branch.name, parsed[0], parsed[1]))
-    return checkpoints
-
-
-def resolve_checkpoint(ref: ModelRef, revision: str | None = None) -> Checkpoint:
-    """The checkpoint named `revision`, or the last one (most tokens) when revision is None."""
-    if ref.kind == "hub" and revision is not None:
-        parsed = parse_revision(ref.name, revision)
-        try:
-            checkpoints = list_checkpoints(ref)
-        except HeadLabError:
-            if parsed is None:
-                raise
-            return Checkpoint(revision, parsed[0], parsed[1])  # offline: trust the name
-    else:
-        checkpoints = list_checkpoints(ref)
-    if revision is None:
-        return checkpoints[-1]
-    for checkpoint in checkpoints:
-        if checkpoint.revision == revision:
-            return checkpoint
-    names = [c.revision for c in checkpoints]
-    shown = ", ".join(names if len(names) <= 6 else names[:3] + ["..."] + names[-3:])
-    raise HeadLabError(
-        f"model {ref.name} has no checkpoint {revision!r}; pick one of: {shown} "
-        f"({len(names)} in all)."
-    )
-
-
-def checkpoint_path(ref: ModelRef, revision: str | None = None) -> Path | str:
-    """Where from_pretrained reads the checkpoint: a folder, or the hub name (revision apart)."""
-    if ref.kind == "hub":
-        return ref.name
-    checkpoint = resolve_checkpoint(ref, revision)
-    root = zoo_dir() / ref.name if ref.kind == "zoo" else Path(ref.name)
-    if checkpoint.revision == "main" and not (root / "manifest.json").is_file():
-        return root
-    folder = root / "checkpoints" / checkpoint.revision
-    if not folder.is_dir():
-        raise HeadLabError(
-            f"checkpoint folder {folder} is missing; delete {root} and retrain the model "
-            f"(e.g. {RETRAIN_HINT})."
-        )
-    return folder
-
-
 # ----------------------------------------------------------------------------- memory
-
-
-def family_of(hf_config: Any) -> str:
-    """The model family from a Hugging Face config: "gpt_neox", "llama", "olmoe", ... (model_type)."""
-    return str(getattr(hf_config, "model_type", "") or "unknown")
 
 
 def estimate_parameter_count(config: Any) -> int:
@@ -288,12 +80,8 @@ def available_memory_bytes(device: str = "cpu") -> int:
     if str(device).startswith("cuda"):
         free, _total = torch.cuda.mem_get_info(torch.device(device))
         return int(free)
-    try:
-        import psutil
-
+    if psutil is not None:
         return int(psutil.virtual_memory().available)
-    except ImportError:
-        pass
     with open("/proc/meminfo") as handle:
         for line in handle:
             if line.startswith("MemAvailable:"):
@@ -325,8 +113,6 @@ def _offline(active: bool) -> Iterator[None]:
     if not active:
         yield
         return
-    import huggingface_hub.constants as hub_constants
-
     saved_env = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     saved_flag = hub_constants.HF_HUB_OFFLINE  # read once at import; the env alone is too late
     os.environ["HF_HUB_OFFLINE"] = os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -344,8 +130,6 @@ def _offline(active: bool) -> Iterator[None]:
 
 def load_config(ref: ModelRef, revision: str | None = None) -> Any:
     """The checkpoint's Hugging Face config only (config.json; no weights are read)."""
-    from transformers import AutoConfig
-
     source = checkpoint_path(ref, revision)
     local = ref.kind != "hub"
     if local and not (Path(source) / "config.json").is_file():
@@ -426,8 +210,6 @@ def load_hf_model(ref: ModelRef, revision: str | None = None, device: str = "cpu
     The memory estimate (from the config alone) runs before any weight is read; local weight files
     are checked for truncation first so the user gets a message naming the file.
     """
-    from transformers import AutoModelForCausalLM
-
     device = _check_device(device)
     config = load_config(ref, revision)
     check_fits_in_memory(config, device=device)
@@ -464,8 +246,6 @@ def load_model(ref: ModelRef, revision: str | None = None, device: str = "cpu") 
     `enable_compatibility_mode()` is called, which HeadLab never does. A folder without a
     tokenizer gets the 260-token byte tokenizer (HeadLab feeds token ids; it is only for display).
     """
-    from transformer_lens.model_bridge import TransformerBridge
-
     hf_model = load_hf_model(ref, revision, device)
     source = checkpoint_path(ref, revision)
     local = ref.kind != "hub"
@@ -502,9 +282,6 @@ def byte_tokenizer(add_bos: bool = False) -> Any:
     `add_bos` prepends BOS, as zoo text windows start with it. The name_or_path is set because
     TransformerLens reads it from any tokenizer handed to boot_transformers.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     byte_chars = _bytes_to_unicode()  # byte -> printable char, as ByteLevel pre-tokenization emits
     vocab = {byte_chars[b]: b for b in range(256)}
     vocab.update({"<bos>": 256, "<pad>": 257, "<eos>": 258, "<sep>": 259})
@@ -530,92 +307,3 @@ def _bytes_to_unicode() -> dict[int, str]:
             chars[b] = chr(256 + extra)
             extra += 1
     return chars
-
-
-# ----------------------------------------------------------------------------- shapes, weights
-
-
-def model_shape(model: Any) -> tuple[int, int, int]:
-    """(n_layers, n_heads, d_head) of a loaded bridge."""
-    return int(model.cfg.n_layers), int(model.cfg.n_heads), int(model.cfg.d_head)
-
-
-def _output_projection(model: Any, layer: int) -> torch.nn.Module:
-    """The HF module that maps the concatenated head outputs (hook_z) to the residual stream."""
-    return model.blocks[layer].attn.o.original_component
-
-
-def head_output_weights(model: Any) -> torch.Tensor:
-    """W_O slices: [layer, head, d_head, d_model], laid out so that
-    `einsum("...hd,hdm->...m", hook_z, W[l])` + output_bias == the attention output.
-
-    Read from the HF output projection (an nn.Linear, weight [d_model, head * d_head]): hook_z is
-    the projection's input split head-major, so head h owns input columns h*d_head:(h+1)*d_head.
-    """
-    n_layers, n_heads, d_head = model_shape(model)
-    slices = []
-    for layer in range(n_layers):
-        proj = _output_projection(model, layer)
-        if isinstance(proj, torch.nn.Linear):
-            weight = proj.weight.detach().T  # [head * d_head, d_model]
-        else:  # GPT-2 style Conv1D stores [in, out] already
-            weight = proj.weight.detach()
-        if weight.shape[0] != n_heads * d_head:
-            raise HeadLabError(
-                f"layer {layer}'s output projection has {weight.shape[0]} inputs, not "
-                f"{n_heads} heads x {d_head}; this architecture is not supported."
-            )
-        slices.append(weight.reshape(n_heads, d_head, weight.shape[1]))
-    return torch.stack(slices)  # [layer, head, d_head, d_model]
-
-
-def output_bias(model: Any, layer: int) -> torch.Tensor | None:
-    """The output projection's bias [d_model] at `layer`, or None (Llama, OLMoE have none)."""
-    bias = getattr(_output_projection(model, layer), "bias", None)
-    return None if bias is None else bias.detach()
-
-
-def router_logit_hooks(model: Any) -> dict[int, str]:
-    """MoE layers -> the hook holding that layer's router logits, [batch * pos, n_experts].
-
-    The rows are the flattened (batch, pos) tokens in row-major order: reshape to
-    [batch, pos, n_experts] and softmax over the last axis for the router weights. Empty for dense
-    models. (`blocks.{l}.mlp.hook_expert_weights` holds only the top-k weights, zeros elsewhere.)
-    """
-    hooks = {}
-    for layer in range(int(model.cfg.n_layers)):
-        name = f"blocks.{layer}.mlp.gate.hook_out"
-        if name in model.hook_dict and f"blocks.{layer}.mlp.hook_expert_indices" in model.hook_dict:
-            hooks[layer] = name
-    return hooks
-
-
-# ----------------------------------------------------------------------------- command line
-
-
-def add_models_arguments(parser: Any) -> None:
-    """`python -m core models [MODEL]`: list the zoo, or one model's checkpoints."""
-    parser.add_argument("model", nargs="?", default=None,
-                        help="a zoo name, a local Hugging Face folder or a hub name; omit to list the zoo")
-
-
-def cli_models(args: Any) -> dict:
-    """Print the zoo (no model given) or the model's checkpoints with their token counts."""
-    if args.model is None:
-        rows = []
-        for name in list_zoo():
-            manifest = read_manifest(name)
-            rows.append({"name": name, "family": manifest.get("family"), "task": manifest.get("task"),
-                         "checkpoints": len(manifest["checkpoints"]),
-                         "complete": manifest.get("complete")})
-            print(f"{name:24s} {str(rows[-1]['family']):10s} {str(rows[-1]['task']):12s} "
-                  f"{rows[-1]['checkpoints']:4d} checkpoints")
-        if not rows:
-            print(f"the zoo at {zoo_dir()} is empty; train it with {RETRAIN_HINT}")
-        return {"zoo": str(zoo_dir()), "models": rows}
-    ref = ModelRef.parse(args.model)
-    checkpoints = list_checkpoints(ref)
-    for c in checkpoints:
-        tokens = "unknown" if c.tokens < 0 else f"{c.tokens:,}"
-        print(f"{c.revision:28s} step {c.step:>9,}  tokens {tokens}")
-    return {"model": ref.to_json(), "checkpoints": [c.to_json() for c in checkpoints]}

@@ -18,17 +18,22 @@ empty screen) is listed with its reason, never dropped.
 
 from __future__ import annotations
 
-import argparse
-import math
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
 
+from core.ablation.study import AblationSettings, ablation_study
 from core.errors import HeadLabError
 from core.heads import HeadSet, head_name, parse_heads
-from core.store import add_probe_spec_arguments, probe_spec_from_args
+from core.model.loading import load_hf_model, load_model
+from core.model.refs import resolve_checkpoint
+from core.pipelines.attribution_measures import block_norms, component_blocks
+from core.pipelines.attribution_results import component_name
+from core.pipelines.coactivation import CoactivationSettings, coactivation
+from core.pipelines.recipe import screen
+from core.results import JsonResult
 
 PROPOSERS = ("spectral", "pattern screen", "co-activation", "gradient")
 DEFAULT_CONTROLS = 20
@@ -36,8 +41,8 @@ DEFAULT_SIZE_WHEN_SCREEN_EMPTY = 4
 
 
 @dataclass(frozen=True)
-class Proposal:
-    """One method's proposed circuit, or the reason it proposes none (heads empty)."""
+class CircuitProposal:
+    """One method's proposed circuit, or the reason it proposes none (heads empty); heads written as names in JSON."""
 
     method: str
     heads: HeadSet
@@ -47,33 +52,24 @@ class Proposal:
         return {"method": self.method, "heads": [head_name(h) for h in self.heads], "rationale": self.rationale}
 
     @classmethod
-    def from_json(cls, data: dict) -> "Proposal":
+    def from_json(cls, data: dict) -> "CircuitProposal":
         heads = parse_heads(", ".join(data["heads"])) if data["heads"] else HeadSet.of(())
         return cls(data["method"], heads, data["rationale"])
 
 
 @dataclass(frozen=True)
-class Disposal:
+class Disposal(JsonResult):
     """The closure test of one proposal: per-metric candidate delta, control mean/std and z; verdicts."""
 
-    proposal: Proposal
+    proposal: CircuitProposal
     metrics: dict            # metric -> {"candidate_delta", "control_mean", "control_std", "z"}
     verdict_paper: str       # "pass" | "fail" | "fails in the wrong direction" | "not tested"
     verdict_reference: str
     reasons: tuple[str, ...]
 
-    def to_json(self) -> dict:
-        return {"proposal": self.proposal.to_json(), "metrics": self.metrics, "verdict_paper": self.verdict_paper,
-                "verdict_reference": self.verdict_reference, "reasons": list(self.reasons)}
-
-    @classmethod
-    def from_json(cls, data: dict) -> "Disposal":
-        return cls(Proposal.from_json(data["proposal"]), data["metrics"], data["verdict_paper"],
-                   data["verdict_reference"], tuple(data["reasons"]))
-
 
 @dataclass(frozen=True)
-class ProposersReport:
+class ProposersReport(JsonResult):
     """All proposals on one model and checkpoint, each disposed by the same closure test."""
 
     disposals: tuple[Disposal, ...]
@@ -97,12 +93,8 @@ class ProposersReport:
         return out
 
     def to_json(self) -> dict:
-        return {"disposals": [d.to_json() for d in self.disposals], "survivors": list(self.survivors()),
-                "provenance": self.provenance}
-
-    @classmethod
-    def from_json(cls, data: dict) -> "ProposersReport":
-        return cls(tuple(Disposal.from_json(d) for d in data["disposals"]), data["provenance"])
+        """The fields and, for readers of the file, the survivors (from_json ignores them)."""
+        return {**super().to_json(), "survivors": list(self.survivors())}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,8 +123,6 @@ def probe_gradient_magnitudes(hf_model: Any, tokens: torch.Tensor, query_pos: to
     square root of their parameter count (the paper's default), averaged over batches of the probe.
     tokens: [example, pos]; query_pos, target: [example].
     """
-    from core.pipelines.attribution import block_norms, component_blocks, component_name
-
     blocks = component_blocks(hf_model)
     heads = [component_name(layer, h) for layer in range(blocks.n_layers) for h in range(blocks.n_heads)]
     params = list({id(p.param): p.param for name in heads for p in blocks.paper[name]}.values())
@@ -163,40 +153,36 @@ def probe_gradient_magnitudes(hf_model: Any, tokens: torch.Tensor, query_pos: to
     return (total / max(n_batches, 1)).reshape(blocks.n_layers, blocks.n_heads)
 
 
-def spectral_proposal(report: Any, size: int) -> Proposal:
+def spectral_proposal(report: Any, size: int) -> CircuitProposal:
     """Top heads by PR-integral (report: recipe.ScreenReport)."""
     heads = top_heads(report.spectral.integral, size)
-    return Proposal("spectral", heads, f"top {size} heads by PR-integral ({report.spectral.definition} PR, "
+    return CircuitProposal("spectral", heads, f"top {size} heads by PR-integral ({report.spectral.definition} PR, "
                                        f"{report.spectral.rule} rule over {len(report.checkpoints)} checkpoints)")
 
 
-def screen_proposal(report: Any) -> Proposal:
+def screen_proposal(report: Any) -> CircuitProposal:
     """The candidate induction circuit of the pattern screen at the final checkpoint."""
     threshold = report.final.induction_threshold
     heads = report.candidate_circuit
     why = f"induction selectivity >= {threshold:.3g}x (uniform baseline) at the final checkpoint"
-    return Proposal("pattern screen", heads, why if len(heads) else f"no head reaches {threshold:.3g}x: nothing to propose")
+    return CircuitProposal("pattern screen", heads, why if len(heads) else f"no head reaches {threshold:.3g}x: nothing to propose")
 
 
-def gradient_proposal(grad: np.ndarray, size: int) -> Proposal:
-    return Proposal("gradient", top_heads(grad, size),
-                    f"top {size} heads by probe-loss gradient norm (W_V + W_O block / sqrt(count), [HHG] default)")
+def gradient_proposal(grad: np.ndarray, size: int) -> CircuitProposal:
+    return CircuitProposal("gradient", top_heads(grad, size),
+                           f"top {size} heads by probe-loss gradient norm (W_V + W_O block / sqrt(count), [HHG] default)")
 
 
-def coactivation_proposal(ref: Any, revision: str, spec: Any, device: str = "cpu") -> Proposal:
+def coactivation_proposal(ref: Any, revision: str, spec: Any, device: str = "cpu") -> CircuitProposal:
     """The co-activation candidate community, or an empty proposal saying why there is none."""
     try:
-        from core.pipelines import coactivation
-    except ModuleNotFoundError:
-        return Proposal("co-activation", HeadSet.of(()), "not available: core.pipelines.coactivation is missing")
-    try:
-        report = coactivation.coactivation(ref, revision, spec, run_closure=False, device=device)
+        report = coactivation(ref, revision, spec, CoactivationSettings(run_closure=False), device=device)
     except HeadLabError as exc:
-        return Proposal("co-activation", HeadSet.of(()), f"no community: {exc}")
+        return CircuitProposal("co-activation", HeadSet.of(()), f"no community: {exc}")
     summary = report.summary()
     why = (f"candidate Ising community (k = {summary['k']}, {summary['k_rule']}; purity {summary['purity']:.2f}, "
            f"isolation {summary['isolation']:.2f}), default co-activation settings")
-    return Proposal("co-activation", report.candidate, why)
+    return CircuitProposal("co-activation", report.candidate, why)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,15 +190,14 @@ def coactivation_proposal(ref: Any, revision: str, spec: Any, device: str = "cpu
 # ---------------------------------------------------------------------------------------------
 
 
-def dispose(model: Any, batch: Any, proposal: Proposal, n_controls: int = DEFAULT_CONTROLS,
+def dispose(model: Any, batch: Any, proposal: CircuitProposal, n_controls: int = DEFAULT_CONTROLS,
             controls: str = "any-layer", mode: str = "zero", seed: int = 123) -> Disposal:
     """Ablate one proposal against random controls and apply both closure rules."""
-    from core.ablation.engine import ablation_study
-
     if len(proposal.heads) == 0:
         return Disposal(proposal, {}, "not tested", "not tested", (proposal.rationale,))
-    result = ablation_study(model, batch, proposal.heads, n_controls=n_controls, controls=controls, mode=mode,
-                            seed=seed, include_upper_bound=False, n_boot=200)
+    settings = AblationSettings(n_controls=n_controls, controls=controls, mode=mode, seed=seed,
+                                include_upper_bound=False, n_boot=200)
+    result = ablation_study(model, batch, proposal.heads, settings)
     metrics = {m: {k: s.get(k) for k in ("candidate_delta", "control_mean", "control_std", "z")}
                for m, s in result.stats.items()}
     paper, reference = result.verdicts["closure_paper"], result.verdicts["closure_reference"]
@@ -224,9 +209,6 @@ def proposers_vs_disposer(ref: Any, revision: Optional[str], spec: Any, size: Op
                           seed: int = 123, device: str = "cpu",
                           progress: Optional[Callable[[str], None]] = None) -> ProposersReport:
     """Propose with all four methods on one checkpoint and dispose of each with the same closure test."""
-    from core.model.loading import load_hf_model, load_model, resolve_checkpoint
-    from core.pipelines.recipe import build_probe, screen
-
     say = progress or (lambda text: None)
     checkpoint = resolve_checkpoint(ref, revision)
     say("screening checkpoints (Steps 1-2)")
@@ -236,7 +218,7 @@ def proposers_vs_disposer(ref: Any, revision: Optional[str], spec: Any, size: Op
     screen_prop = screen_proposal(report)
     if size is None:
         size = len(screen_prop.heads) or DEFAULT_SIZE_WHEN_SCREEN_EMPTY
-    batch = build_probe(spec)
+    batch = spec.build()
     say("gradients of the probe loss")
     hf = load_hf_model(ref, checkpoint.revision, device=device)
     grad = probe_gradient_magnitudes(hf, batch.tokens, batch.query_pos, batch.target)
@@ -255,34 +237,3 @@ def proposers_vs_disposer(ref: Any, revision: Optional[str], spec: Any, size: Op
                   "closure_rules": "paper (z_logit < -1.8, all deltas damaging) and reference (outside the control range)",
                   "gradient": grad.tolist()}
     return ProposersReport(tuple(disposals), provenance)
-
-
-# ---------------------------------------------------------------------------------------------
-# Command line
-# ---------------------------------------------------------------------------------------------
-
-
-def add_proposers_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="zoo name, local Hugging Face folder, or hub name")
-    parser.add_argument("--revision", default=None, help="checkpoint (default: the final one)")
-    add_probe_spec_arguments(parser)
-    parser.add_argument("--size", type=int, default=None,
-                        help="heads per spectral/gradient proposal (default: the pattern-screen circuit's size)")
-    parser.add_argument("--controls", type=int, default=DEFAULT_CONTROLS, help="random control sets per proposal")
-    parser.add_argument("--control-kind", choices=("any-layer", "matched"), default="any-layer")
-    parser.add_argument("--mode", choices=("zero", "mean"), default="zero")
-    parser.add_argument("--control-seed", type=int, default=123, help="control draw seed")
-
-
-def cli_proposers(args: argparse.Namespace) -> dict:
-    from core.model.loading import ModelRef
-
-    ref = ModelRef.parse(args.model)
-    report = proposers_vs_disposer(ref, args.revision, probe_spec_from_args(args), args.size, args.controls,
-                                   args.control_kind, args.mode, args.control_seed, args.device, progress=print)
-    for row in report.rows():
-        z = {k[2:]: v for k, v in row.items() if k.startswith("z ") and v is not None}
-        z_text = "  ".join(f"z_{m}={v:+.2f}" for m, v in z.items() if not math.isnan(v))
-        print(f"{row['method']:15s} [{row['heads'] or '-'}]  {row['verdict (paper)']}  {z_text}")
-    print(f"survive closure (paper rule): {', '.join(report.survivors()) or 'none'}")
-    return report.to_json()

@@ -9,56 +9,21 @@ upper bound, with the recipe's verdict.
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import numpy as np
 
+from core.ablation.study import AblationSettings, ablation_study, summarize_ablation
 from core.errors import HeadLabError
 from core.heads import HeadSet, head_name
-from core.model.loading import Checkpoint, ModelRef, list_checkpoints, load_config, load_model, resolve_checkpoint
-from core.probe import HeadStats, collect_head_stats
-from core.stats.selectivity import CLASS_THRESHOLD, INDUCTION_THRESHOLD, ScreenResult, selectivity
-from core.stats.spectral import DEFAULT_DEFINITION, DEFAULT_RULE, SpectralResult, pr_per_head
-from core.store import add_probe_spec_arguments, cached_head_stats, check_spec_fits_config, probe_spec_from_args
-from core.tasks import (InductionProbeSpec, ProbeBatch, TextProbeSpec, make_induction_probe,
-                        make_text_probe)
-
-TASKS = ("induction", "text")
-
-
-# ---------------------------------------------------------------------------------------------
-# probe batches and cached head statistics
-
-
-def probe_spec(task: str, n_examples: int = 256, seq_len: int = 64, seed: int = 42,
-               token_low: int = 0, token_high: int = 256) -> InductionProbeSpec | TextProbeSpec:
-    """The probe spec of a task; the zoo default is 256 sequences of 64 byte tokens."""
-    if task == "induction":
-        return InductionProbeSpec(n_examples=n_examples, seq_len=seq_len, token_low=token_low,
-                                  token_high=token_high, seed=seed)
-    if task == "text":
-        return TextProbeSpec(n_examples=n_examples, seq_len=seq_len, seed=seed)
-    raise HeadLabError(f"unknown probe task '{task}'; use one of: {', '.join(TASKS)}.")
-
-
-def build_probe(spec: InductionProbeSpec | TextProbeSpec) -> ProbeBatch:
-    return make_induction_probe(spec) if isinstance(spec, InductionProbeSpec) else make_text_probe(spec)
-
-
-def head_stats(ref: ModelRef, checkpoint: Checkpoint, batch: ProbeBatch, model: Any = None,
-               device: str = "cpu", chunk_size: int = 64,
-               on_status: Optional[Callable[[str], None]] = None) -> HeadStats:
-    """One checkpoint's HeadStats, from the cache or one instrumented pass (then cached)."""
-
-    def compute() -> HeadStats:
-        loaded = model if model is not None else load_model(ref, checkpoint.revision, device=device)
-        provenance = {"model": ref.name, "revision": checkpoint.revision, "tokens": checkpoint.tokens}
-        return collect_head_stats(loaded, batch, chunk_size=chunk_size, device=device, provenance=provenance)
-
-    return cached_head_stats(ref, checkpoint.revision, dict(batch.spec), compute, on_status=on_status)
-
+from core.model.loading import load_config, load_model
+from core.model.refs import Checkpoint, ModelRef, list_checkpoints, resolve_checkpoint
+from core.probe import HeadStats, check_probe_fits, head_stats
+from core.results import JsonResult
+from core.stats.selectivity import BASELINE_KINDS, CLASS_THRESHOLD, INDUCTION_THRESHOLD, ScreenResult, selectivity
+from core.stats.spectral import DEFAULT_DEFINITION, DEFAULT_RULE, PR_DEFINITIONS, SpectralResult, pr_per_head
+from core.tasks import ProbeSpec
 
 REFERENCE_PROBE_LENGTH = 256
 
@@ -126,6 +91,7 @@ class ScreenReport:
         return HeadSet.from_mask(self.final.classes == name)
 
     def to_json(self) -> dict:
+        """The fields (final as "final_screen") plus the derived circuits and fractions a reader wants; hand-written for those."""
         spectral = self.spectral.to_json()
         return {
             "model": self.model,
@@ -154,29 +120,57 @@ class ScreenReport:
         )
 
 
-def screen(ref: ModelRef, spec: InductionProbeSpec | TextProbeSpec, k: int | float = 0.18,
-           definition: str = DEFAULT_DEFINITION, rule: str = DEFAULT_RULE, baseline: str = "random",
-           class_threshold: float = CLASS_THRESHOLD, induction_threshold: Optional[float] = None,
-           n_null_draws: int = 500, device: str = "cpu",
-           progress: Optional[Callable[[int, int, str], None]] = None) -> ScreenReport:
-    """Steps 1-2 over every checkpoint of `ref`. progress(done, total, revision) after each one.
+@dataclass(frozen=True)
+class ScreenSettings(JsonResult):
+    """How Steps 1-2 read the head statistics (everything but the model, the probe and the device).
 
-    induction_threshold: None scales the reference 50x (at T = 256) to the probe length
-    (see scaled_induction_threshold); a number is used as given.
+    k: top-K of the PR-integral ranking, a count (>= 1) or a fraction; definition: the PR
+    ("entropy" or "classic"); rule: the PR-integral rule; baseline: the selectivity denominator
+    ("random" or "uniform"); class_threshold: Step 2's class rule; induction_threshold: the
+    membership threshold, None to scale the reference 50x (at T = 256) to the probe length (see
+    scaled_induction_threshold); n_null_draws: draws of the induction null at the final checkpoint.
     """
+
+    k: int | float = 0.18
+    definition: str = DEFAULT_DEFINITION
+    rule: str = DEFAULT_RULE
+    baseline: str = "random"
+    class_threshold: float = CLASS_THRESHOLD
+    induction_threshold: Optional[float] = None
+    n_null_draws: int = 500
+
+    def __post_init__(self) -> None:
+        if not self.k > 0:
+            raise HeadLabError(f"screen k must be a positive count or fraction, got {self.k}.")
+        if self.definition not in PR_DEFINITIONS:
+            raise HeadLabError(f"screen definition {self.definition!r} is unknown; use one of {', '.join(PR_DEFINITIONS)}.")
+        if self.baseline not in BASELINE_KINDS:
+            raise HeadLabError(f"screen baseline {self.baseline!r} is unknown; use one of {', '.join(BASELINE_KINDS)}.")
+        if not self.class_threshold > 0 or (self.induction_threshold is not None and not self.induction_threshold > 0):
+            raise HeadLabError("screen thresholds must be positive selectivities (e.g. 30 or 12.5).")
+        if int(self.n_null_draws) < 0:
+            raise HeadLabError(f"screen n_null_draws must be >= 0, got {self.n_null_draws}.")
+        object.__setattr__(self, "n_null_draws", int(self.n_null_draws))
+
+
+def screen(ref: ModelRef, spec: ProbeSpec, settings: ScreenSettings = ScreenSettings(), device: str = "cpu",
+           progress: Optional[Callable[[int, int, str], None]] = None) -> ScreenReport:
+    """Steps 1-2 over every checkpoint of `ref`. progress(done, total, revision) after each one."""
+    s = settings
     checkpoints = tuple(list_checkpoints(ref))
-    check_spec_fits_config(spec, load_config(ref, checkpoints[-1].revision))
-    batch = build_probe(spec)
+    check_probe_fits(spec, load_config(ref, checkpoints[-1].revision))
+    batch = spec.build()
+    induction_threshold = s.induction_threshold
     if induction_threshold is None:
         induction_threshold = scaled_induction_threshold(batch.query_pos)
     pr, sel_by_ckpt = [], []
     final_screen = None
     for index, ckpt in enumerate(checkpoints):
         stats = head_stats(ref, ckpt, batch, device=device)
-        pr.append(pr_per_head(stats.z_query, definition))
+        pr.append(pr_per_head(stats.z_query, s.definition))
         is_final = index == len(checkpoints) - 1
-        result = screen_checkpoint(stats, baseline, class_threshold, induction_threshold,
-                                   n_null_draws if is_final else 0)
+        result = screen_checkpoint(stats, s.baseline, s.class_threshold, induction_threshold,
+                                   s.n_null_draws if is_final else 0)
         sel_by_ckpt.append(result.selectivity)
         if is_final:
             final_screen = result
@@ -189,7 +183,7 @@ def screen(ref: ModelRef, spec: InductionProbeSpec | TextProbeSpec, k: int | flo
             f"{ref.name} has fewer than two checkpoints with known token counts; the PR-integral "
             "needs a training trajectory (pick a model with checkpoints)."
         )
-    spectral = SpectralResult.build(np.stack(pr), tokens, k=k, definition=definition, rule=rule,
+    spectral = SpectralResult.build(np.stack(pr), tokens, k=s.k, definition=s.definition, rule=s.rule,
                                     revisions=[c.revision for c in checkpoints])
     n_layers, n_heads = final_screen.selectivity.shape[1:]
     return ScreenReport(model=ref.name, checkpoints=checkpoints, probe_spec=dict(batch.spec),
@@ -197,138 +191,23 @@ def screen(ref: ModelRef, spec: InductionProbeSpec | TextProbeSpec, k: int | flo
                         selectivity_by_checkpoint=np.stack(sel_by_ckpt), shape=(n_layers, n_heads))
 
 
-def add_screen_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="zoo name, local Hugging Face folder or hub name")
-    add_probe_spec_arguments(parser)
-    parser.add_argument("--k", type=float, default=0.18, help="top-K: a count (>= 1) or a fraction (default 0.18)")
-    parser.add_argument("--pr", choices=("entropy", "classic"), default=DEFAULT_DEFINITION,
-                        help="PR definition (default: entropy effective rank, the reference code's)")
-    parser.add_argument("--rule", choices=("trapezoid", "paper_sum"), default=DEFAULT_RULE,
-                        help="PR-integral rule (default trapezoid on log tokens)")
-    parser.add_argument("--baseline", choices=("random", "uniform"), default="random")
-    parser.add_argument("--class-threshold", type=float, default=CLASS_THRESHOLD)
-    parser.add_argument("--induction-threshold", type=float, default=None,
-                        help="membership threshold (uniform baseline); default 50x at T=256, scaled to the "
-                             "probe length (12.5x at T=64: the same 19.5%% attention share)")
-
-
-def _k_from_arg(k: float) -> int | float:
-    return int(k) if k >= 1 else float(k)
-
-
-def cli_screen(args: argparse.Namespace) -> dict:
-    from tqdm import tqdm
-
-    ref = ModelRef.parse(args.model)
-    bar = tqdm(total=len(list_checkpoints(ref)), unit="ckpt", desc=f"screen {ref.name}")
-
-    def progress(done: int, total: int, revision: str) -> None:
-        bar.set_postfix_str(revision)
-        bar.update(1)
-
-    try:
-        report = screen(ref, probe_spec_from_args(args), k=_k_from_arg(args.k), definition=args.pr, rule=args.rule,
-                        baseline=args.baseline, class_threshold=args.class_threshold,
-                        induction_threshold=args.induction_threshold, device=args.device, progress=progress)
-    finally:
-        bar.close()
-    out = report.to_json()
-    print(f"top-K spectral ({len(report.spectral.top_heads)}): {', '.join(out['top_k_spectral'])}")
-    print(f"candidate induction circuit (>= {report.final.induction_threshold:.3g}x, uniform baseline): "
-          f"{', '.join(out['candidate_circuit']) or 'none'}")
-    print(f"previous-token circuit (same threshold, uniform baseline): {', '.join(out['previous_token_circuit']) or 'none'}")
-    for name, value in out["fractions"].items():
-        print(f"{name}: {value if value is None else round(value, 4)}")
-    return out
-
-
 # ---------------------------------------------------------------------------------------------
 # Step 3: group ablation, and the recipe end to end
 
 
-def ablate(ref: ModelRef, revision: Optional[str], selection: HeadSet, spec, n_controls: int = 20,
-           controls: str = "matched", mode: str = "zero", seed: int = 123, device: str = "cpu",
+def ablate(ref: ModelRef, revision: Optional[str], selection: HeadSet, spec: ProbeSpec,
+           settings: AblationSettings = AblationSettings(), device: str = "cpu",
            progress: Optional[Callable[[int, int], None]] = None, model: Any = None):
     """Group ablation of `selection` at one checkpoint against controls and the upper bound."""
-    from core.ablation.engine import ablation_study
-
     checkpoint = resolve_checkpoint(ref, revision)
-    check_spec_fits_config(spec, load_config(ref, checkpoint.revision))
+    check_probe_fits(spec, load_config(ref, checkpoint.revision))
     loaded = model if model is not None else load_model(ref, checkpoint.revision, device=device)
-    result = ablation_study(loaded, build_probe(spec), selection, n_controls=n_controls, controls=controls,
-                            mode=mode, seed=seed, device=device, progress=progress)
+    result = ablation_study(loaded, spec.build(), selection, settings, device=device, progress=progress)
     result.provenance.update({"model": ref.name, "revision": checkpoint.revision, "tokens": checkpoint.tokens})
     return result
 
 
-def summarize_ablation(result) -> dict:
-    """The figures a reader wants first: mean deltas, z, p, and every verdict with its rule."""
-    out = {"selection": [head_name(h) for h in result.selection], "n_controls": len(result.controls),
-           "notes": list(result.notes), "metrics": {}, "verdicts": {}}
-    for metric, stats in result.stats.items():
-        out["metrics"][metric] = {key: stats.get(key) for key in
-                                  ("clean", "candidate_delta", "control_mean", "control_std", "z", "p",
-                                   "rank", "upper_bound_delta", "candidate_ci") if key in stats}
-    for name, verdict in result.verdicts.items():
-        out["verdicts"][name] = {"label": verdict.label, "rule": verdict.rule}
-    return out
-
-
-def _print_summary(title: str, summary: dict) -> None:
-    print(title)
-    for metric, stats in summary["metrics"].items():
-        figures = "  ".join(f"{k}={v:.4g}" for k, v in stats.items() if isinstance(v, (int, float)))
-        print(f"  {metric:13s} {figures}")
-    for name, verdict in summary["verdicts"].items():
-        print(f"  verdict {name}: {verdict['label']}  ({verdict['rule']})")
-    for note in summary["notes"]:
-        print(f"  note: {note}")
-
-
-def _progress_bar(desc: str):
-    from tqdm import tqdm
-
-    bar = tqdm(total=0, unit="cond", desc=desc)
-
-    def progress(done: int, total: int) -> None:
-        bar.total = total
-        bar.n = done
-        bar.refresh()
-
-    return bar, progress
-
-
-def add_ablate_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="zoo name, local Hugging Face folder or hub name")
-    parser.add_argument("--revision", default=None, help="checkpoint (default: the final one)")
-    parser.add_argument("--heads", required=True, help='heads to ablate, e.g. "L1H3,L1H5" or "L1H*"')
-    parser.add_argument("--controls", type=int, default=20, help="random control draws (default 20)")
-    parser.add_argument("--control-kind", choices=("matched", "any-layer"), default="matched",
-                        help="matched: same layers and counts (default); any-layer: same size anywhere")
-    parser.add_argument("--mode", choices=("zero", "mean"), default="zero")
-    parser.add_argument("--control-seed", type=int, default=123)
-    add_probe_spec_arguments(parser)
-
-
-def cli_ablate(args: argparse.Namespace) -> dict:
-    from core.heads import parse_heads
-
-    ref = ModelRef.parse(args.model)
-    config = load_config(ref, resolve_checkpoint(ref, args.revision).revision)
-    selection = parse_heads(args.heads, config.num_hidden_layers, config.num_attention_heads)
-    bar, progress = _progress_bar(f"ablate {ref.name}")
-    try:
-        result = ablate(ref, args.revision, selection, probe_spec_from_args(args), args.controls, args.control_kind,
-                        args.mode, args.control_seed, args.device, progress)
-    finally:
-        bar.close()
-    summary = summarize_ablation(result)
-    _print_summary(f"ablating {', '.join(summary['selection'])} ({result.mode}) vs {summary['n_controls']} "
-                   f"{args.control_kind} controls", summary)
-    return {"summary": summary, "result": result.to_json()}
-
-
-def run_recipe(ref: ModelRef, spec, n_controls: int = 20, mode: str = "zero", seed: int = 123,
+def run_recipe(ref: ModelRef, spec: ProbeSpec, n_controls: int = 20, mode: str = "zero", seed: int = 123,
                device: str = "cpu", progress: Optional[Callable[[str], None]] = None) -> dict:
     """Screen, take the candidate induction circuit, ablate it against matched-random draws and the
     upper bound; also ablate the previous-token circuit (composition: it feeds the induction heads),
@@ -345,39 +224,18 @@ def run_recipe(ref: ModelRef, spec, n_controls: int = 20, mode: str = "zero", se
     final = report.checkpoints[-1].revision
     model = load_model(ref, final, device=device)
     say(f"ablating the candidate circuit {circuit}")
-    result = ablate(ref, final, circuit, spec, n_controls, "matched", mode, seed, device, model=model)
+    matched = AblationSettings(n_controls=n_controls, controls="matched", mode=mode, seed=seed)
+    result = ablate(ref, final, circuit, spec, matched, device, model=model)
     out["candidate"] = {"summary": summarize_ablation(result), "result": result.to_json()}
     out["verdict"] = out["candidate"]["summary"]["verdicts"].get("recipe")
     prev_heads = report.final.previous_token_circuit
     if len(prev_heads):
         say(f"ablating the previous-token circuit {prev_heads}")
         try:
-            composition = ablate(ref, final, prev_heads, spec, n_controls, "matched", mode, seed, device, model=model)
+            composition = ablate(ref, final, prev_heads, spec, matched, device, model=model)
         except HeadLabError as exc:  # e.g. more than half of a layer: no matched control exists
-            composition = ablate(ref, final, prev_heads, spec, n_controls, "any-layer", mode, seed, device, model=model)
+            any_layer = AblationSettings(n_controls=n_controls, controls="any-layer", mode=mode, seed=seed)
+            composition = ablate(ref, final, prev_heads, spec, any_layer, device, model=model)
             out["composition_note"] = f"matched controls impossible ({exc}); used any-layer controls"
         out["composition"] = {"summary": summarize_ablation(composition), "result": composition.to_json()}
-    return out
-
-
-def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="zoo name, local Hugging Face folder or hub name")
-    parser.add_argument("--controls", type=int, default=20, help="matched-random draws (default 20)")
-    parser.add_argument("--mode", choices=("zero", "mean"), default="zero")
-    parser.add_argument("--control-seed", type=int, default=123)
-    add_probe_spec_arguments(parser)
-
-
-def cli_recipe(args: argparse.Namespace) -> dict:
-    ref = ModelRef.parse(args.model)
-    out = run_recipe(ref, probe_spec_from_args(args), args.controls, args.mode, args.control_seed, args.device,
-                     progress=lambda text: print(f"... {text}"))
-    screen_out = out["screen"]
-    print(f"candidate circuit: {', '.join(screen_out['candidate_circuit']) or 'none'}")
-    if "candidate" in out:
-        _print_summary("Step 3, candidate circuit:", out["candidate"]["summary"])
-    if "composition" in out:
-        _print_summary("previous-token circuit (composition):", out["composition"]["summary"])
-    verdict = out.get("verdict") or {}
-    print(f"recipe verdict: {verdict.get('label')}  ({verdict.get('rule')})")
     return out

@@ -31,10 +31,9 @@ import torch
 
 from core.errors import HeadLabError
 from core.heads import HeadSet
+from core.results import JsonResult, jsonable
+from core.tasks.probe_batch import LOCAL_OFFSETS, PATTERNS  # ties in classify() go to the earlier pattern
 
-# Same order as core.tasks.probe_batch.PATTERNS. Ties in classify() go to the earlier pattern.
-PATTERNS = ("induction", "duplicate-token", "previous-token", "self", "first-token", "local")
-LOCAL_OFFSETS = (5, 4, 3, 2)  # local target = mean attention over q-5 .. q-2
 BASELINE_KINDS = ("random", "uniform")
 DEFAULT_BASELINE_N = 50
 DEFAULT_BASELINE_SEED = 0
@@ -378,7 +377,7 @@ def fraction_at_threshold(sel: Any, threshold: float = CLASS_THRESHOLD) -> float
 
 
 @dataclass(frozen=True, eq=False)
-class ScreenResult:
+class ScreenResult(JsonResult):
     """Step 2 at one checkpoint: selectivity, classes, circuit members, null floor and fractions.
 
     selectivity: [pattern, layer, head] against `baseline` ("random" | "uniform")
@@ -418,12 +417,14 @@ class ScreenResult:
         induction_threshold: float = INDUCTION_THRESHOLD,
         n_null_draws: int = DEFAULT_NULL_DRAWS,
         null_seed: int = DEFAULT_NULL_SEED,
-        null_per_head: bool = False,
-        baseline_n: int = DEFAULT_BASELINE_N,
-        baseline_seed: int = DEFAULT_BASELINE_SEED,
         membership_baseline: str = "uniform",
     ) -> "ScreenResult":
-        """Everything from full attention rows attn_row [example, layer, head, key]; n_null_draws=0 skips the null."""
+        """Everything from full attention rows attn_row [example, layer, head, key]; n_null_draws=0 skips the null.
+
+        The random baseline is the reference draw (DEFAULT_BASELINE_N positions from
+        DEFAULT_BASELINE_SEED); for the per-head null p99, dataclasses.replace(result, null_per_head=True).
+        """
+        baseline_n, baseline_seed = DEFAULT_BASELINE_N, DEFAULT_BASELINE_SEED
         summ = gather_pattern_attention(attn_row, query_pos, induction_pos, duplicate_pos, baseline_n, baseline_seed)
         sel, names = selectivity(summ.targets, summ.baseline, baseline, summ.query_pos)
         member_sel, _ = selectivity(summ.targets, summ.baseline, membership_baseline, summ.query_pos, names)
@@ -435,9 +436,9 @@ class ScreenResult:
             )
         return cls(
             patterns=names, selectivity=sel, baseline=baseline, n_examples=int(summ.query_pos.shape[0]),
-            threshold=threshold, induction_threshold=induction_threshold, null=null,
-            null_per_head=null_per_head, null_seed=null_seed, baseline_n=baseline_n, baseline_seed=baseline_seed,
-            membership_baseline=membership_baseline, membership_selectivity=member_sel,
+            threshold=threshold, induction_threshold=induction_threshold, null=null, null_seed=null_seed,
+            baseline_n=baseline_n, baseline_seed=baseline_seed, membership_baseline=membership_baseline,
+            membership_selectivity=member_sel,
         )
 
     @property
@@ -499,51 +500,20 @@ class ScreenResult:
         }
 
     def to_json(self) -> dict:
-        def grid(x: Any) -> Any:
-            return x.tolist() if isinstance(x, np.ndarray) else x
-
+        """The fields, then derived figures for readers of the file (from_json recomputes them)."""
         return {
-            "patterns": list(self.patterns),
-            "selectivity": self.selectivity.tolist(),
-            "baseline": self.baseline,
-            "n_examples": self.n_examples,
-            "threshold": self.threshold,
-            "induction_threshold": self.induction_threshold,
-            "null": None if self.null is None else self.null.tolist(),
-            "null_per_head": self.null_per_head,
-            "null_seed": self.null_seed,
-            "baseline_n": self.baseline_n,
-            "baseline_seed": self.baseline_seed,
-            "unspecialized_label": self.unspecialized_label,
-            "membership_baseline": self.membership_baseline,
-            "membership_selectivity": grid(self.membership_selectivity),
-            # derived, for readers of the file; from_json recomputes them
+            **super().to_json(),
             "classes": self.classes.tolist(),
             "class_counts": class_counts(self.classes),
             "induction_heads": self.induction_heads.to_json(),
-            "null_p99": grid(self.null_p99),
-            "noise_floor": grid(self.noise_floor),
+            "null_p99": jsonable(self.null_p99),
+            "noise_floor": jsonable(self.noise_floor),
             "fractions": self.fractions(),
         }
 
     @classmethod
     def from_json(cls, data: dict | str) -> "ScreenResult":
-        if isinstance(data, str):
-            data = json.loads(data)
-        return cls(
-            patterns=tuple(data["patterns"]),
-            selectivity=np.asarray(data["selectivity"], dtype=np.float64),
-            baseline=str(data["baseline"]),
-            n_examples=int(data.get("n_examples", 0)),
-            threshold=float(data["threshold"]),
-            induction_threshold=float(data["induction_threshold"]),
-            null=None if data.get("null") is None else np.asarray(data["null"], dtype=np.float64),
-            null_per_head=bool(data.get("null_per_head", False)),
-            null_seed=int(data.get("null_seed", DEFAULT_NULL_SEED)),
-            baseline_n=int(data.get("baseline_n", DEFAULT_BASELINE_N)),
-            baseline_seed=int(data.get("baseline_seed", DEFAULT_BASELINE_SEED)),
-            unspecialized_label=str(data.get("unspecialized_label", "unspecialized")),
-            membership_baseline=str(data.get("membership_baseline", data["baseline"])),
-            membership_selectivity=None if data.get("membership_selectivity") is None
-            else np.asarray(data["membership_selectivity"], dtype=np.float64),
-        )
+        """From to_json's dict or its JSON text; older files without membership_baseline used the screen's own."""
+        data = dict(json.loads(data) if isinstance(data, str) else data)
+        data.setdefault("membership_baseline", data["baseline"])
+        return super().from_json(data)

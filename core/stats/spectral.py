@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from core.errors import HeadLabError
-
-Head = tuple[int, int]
+from core.heads import Head
+from core.results import JsonResult
 
 DEFAULT_DEFINITION = "entropy"
 DEFAULT_RULE = "trapezoid"
@@ -236,7 +236,7 @@ def top_k(scores: Any, k: int | float) -> list[Head]:
 
 
 @dataclass(frozen=True, eq=False)
-class SpectralResult:
+class SpectralResult(JsonResult):
     """Step 1 over all checkpoints, with the variant names every caption and export must carry.
 
     pr:        [checkpoint, layer, head] (all checkpoints, the dropped ones included)
@@ -293,47 +293,10 @@ class SpectralResult:
         """The top-K heads in rank order."""
         return self.ranking[: self.k]
 
-    def to_json(self) -> dict:
-        return {
-            "definition": self.definition,
-            "rule": self.rule,
-            "k": self.k,
-            "tokens": list(self.tokens),
-            "revisions": list(self.revisions),
-            "dropped": list(self.dropped),
-            "pr": self.pr.tolist(),
-            "integral": self.integral.tolist(),
-            "ranking": [[layer, head] for layer, head in self.ranking],
-        }
-
     @classmethod
     def from_json(cls, data: dict | str) -> "SpectralResult":
-        if isinstance(data, str):
-            data = json.loads(data)
-        return cls(
-            pr=np.asarray(data["pr"], dtype=np.float64),
-            tokens=tuple(float(t) for t in data["tokens"]),
-            integral=np.asarray(data["integral"], dtype=np.float64),
-            ranking=tuple((int(layer), int(head)) for layer, head in data["ranking"]),
-            k=int(data["k"]),
-            definition=str(data["definition"]),
-            rule=str(data["rule"]),
-            dropped=tuple(int(i) for i in data.get("dropped", ())),
-            revisions=tuple(str(r) for r in data.get("revisions", ())),
-        )
-
-
-def bench_pr_per_head(n_examples: int = 500, n_layers: int = 4, n_heads: int = 8, d_head: int = 64, seed: int = 0) -> dict:
-    """Seconds for both PR definitions on random head outputs (speed checks live here, not in tests)."""
-    import time
-
-    z = torch.randn(n_examples, n_layers, n_heads, d_head, generator=torch.Generator().manual_seed(seed))
-    out = {}
-    for name in PR_DEFINITIONS:
-        start = time.perf_counter()
-        pr_per_head(z, name)
-        out[f"{name}_s"] = time.perf_counter() - start
-    return out
+        """From to_json's dict or its JSON text."""
+        return super().from_json(json.loads(data) if isinstance(data, str) else data)
 
 
 __all__ = [
@@ -343,7 +306,6 @@ __all__ = [
     "PR_DEFINITIONS",
     "PR_INTEGRAL_RULES",
     "SpectralResult",
-    "bench_pr_per_head",
     "effective_rank",
     "participation_ratio",
     "pr_integral",

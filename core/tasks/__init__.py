@@ -3,21 +3,11 @@
 Everything random takes an explicit seed, so a probe spec fully determines its batch.
 """
 
-from core.tasks.induction import (
-    InductionProbeSpec,
-    default_zoo_probe_spec,
-    make_induction_probe,
-    reference_probe_spec,
-)
+from core.tasks.induction import InductionProbeSpec, default_zoo_probe_spec, reference_probe_spec
 from core.tasks.probe_batch import PATTERNS, ProbeBatch
-from core.tasks.text import (
-    TextProbeSpec,
-    default_text_probe_spec,
-    load_text_bytes,
-    make_text_probe,
-    text_fingerprint,
-)
-from core.tasks.vocab import BOS, BYTE_VOCAB_SIZE, EOS, PAD, SEP
+from core.tasks.specs import ProbeSpec, probe_spec, spec_from_json
+from core.tasks.text import TextProbeSpec, default_text_probe_spec, load_text_bytes, text_fingerprint
+from core.tasks.vocab import BOS, BYTE_VOCAB_SIZE, EOS, PAD, SEP, token_label
 
 __all__ = [
     "BOS",
@@ -28,12 +18,14 @@ __all__ = [
     "SEP",
     "InductionProbeSpec",
     "ProbeBatch",
+    "ProbeSpec",
     "TextProbeSpec",
     "default_text_probe_spec",
     "default_zoo_probe_spec",
     "load_text_bytes",
-    "make_induction_probe",
-    "make_text_probe",
+    "probe_spec",
     "reference_probe_spec",
+    "spec_from_json",
     "text_fingerprint",
+    "token_label",
 ]

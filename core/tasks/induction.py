@@ -7,14 +7,15 @@ is to look back at the earlier A and copy the token after it (induction).
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from numbers import Integral
+from typing import ClassVar
 
 import numpy as np
 import torch
 
 from core.errors import HeadLabError
+from core.results import JsonResult
 from core.tasks.probe_batch import ProbeBatch
 
 MIN_SEQ_LEN = 8
@@ -22,9 +23,13 @@ REFERENCE_P_LOW = 20  # reference: p uniform in [20, T/2)
 
 
 @dataclass(frozen=True)
-class InductionProbeSpec:
-    """Parameters of one synthetic induction probe batch; tokens are uniform in [token_low, token_high)."""
+class InductionProbeSpec(JsonResult):
+    """Parameters of one synthetic induction probe batch; tokens are uniform in [token_low, token_high).
 
+    A ProbeSpec (core.tasks.specs): to_json() is its fields plus "task"; from_json ignores extra keys.
+    """
+
+    task: ClassVar[str] = "induction"
     n_examples: int
     seq_len: int
     token_low: int
@@ -72,13 +77,49 @@ class InductionProbeSpec:
             )
 
     def to_json(self) -> dict:
-        return {"task": "induction", **asdict(self)}
+        return {"task": self.task, **super().to_json()}
 
-    @classmethod
-    def from_json(cls, obj: dict | str) -> "InductionProbeSpec":
-        data = json.loads(obj) if isinstance(obj, str) else dict(obj)
-        data.pop("task", None)
-        return cls(**{k: data[k] for k in ("n_examples", "seq_len", "token_low", "token_high", "seed")})
+    def build(self) -> ProbeBatch:
+        """Build the A B ... A batch: q = T-1, target B, induction key p+1, duplicate key p.
+
+        Random draws, all from numpy RandomState(seed), in this order: the [N, T] filler tokens;
+        then per example A, B (distinct), p, and the replacements for stray copies of A or B
+        (uniform over the range without A and B).
+        """
+        n, seq_len, low, high = self.n_examples, self.seq_len, self.token_low, self.token_high
+        p_low, p_high = self.p_range
+        rng = np.random.RandomState(self.seed)
+        tokens = rng.randint(low, high, size=(n, seq_len)).astype(np.int64)  # [example, pos]
+        first_pos = np.empty(n, dtype=np.int64)  # p per example
+        target = np.empty(n, dtype=np.int64)  # B per example
+        q = seq_len - 1
+        for i in range(n):
+            a = int(rng.randint(low, high))
+            b = int(rng.randint(low, high - 1))
+            b += b >= a  # uniform over the range without A
+            p = int(rng.randint(p_low, p_high))
+            row = tokens[i]
+            stray = (row == a) | (row == b)
+            stray[[p, p + 1, q]] = False
+            n_stray = int(stray.sum())
+            if n_stray:
+                fresh = rng.randint(low, high - 2, size=n_stray)
+                lo_ab, hi_ab = min(a, b), max(a, b)
+                fresh += fresh >= lo_ab  # skip the smaller of A, B ...
+                fresh += fresh >= hi_ab  # ... then the larger: uniform over the range without both
+                row[stray] = fresh
+            row[p], row[p + 1], row[q] = a, b, a
+            first_pos[i] = p
+            target[i] = b
+        dup = torch.from_numpy(first_pos)
+        return ProbeBatch(
+            tokens=torch.from_numpy(tokens),
+            query_pos=torch.full((n,), q, dtype=torch.long),
+            target=torch.from_numpy(target),
+            induction_pos=dup + 1,
+            duplicate_pos=dup,
+            spec={**self.to_json(), "p_low": p_low, "p_high": p_high, "rng": "numpy.RandomState"},
+        )
 
 
 def default_zoo_probe_spec() -> InductionProbeSpec:
@@ -92,46 +133,3 @@ def reference_probe_spec(seed: int = 42) -> InductionProbeSpec:
     The pattern-screen scripts seed 42; the closure scripts seed 0.
     """
     return InductionProbeSpec(n_examples=2000, seq_len=256, token_low=100, token_high=10000, seed=seed)
-
-
-def make_induction_probe(spec: InductionProbeSpec) -> ProbeBatch:
-    """Build the A B ... A batch: q = T-1, target B, induction key p+1, duplicate key p.
-
-    Random draws, all from numpy RandomState(spec.seed), in this order: the [N, T] filler tokens;
-    then per example A, B (distinct), p, and the replacements for stray copies of A or B
-    (uniform over the range without A and B).
-    """
-    n, seq_len, low, high = spec.n_examples, spec.seq_len, spec.token_low, spec.token_high
-    p_low, p_high = spec.p_range
-    rng = np.random.RandomState(spec.seed)
-    tokens = rng.randint(low, high, size=(n, seq_len)).astype(np.int64)  # [example, pos]
-    first_pos = np.empty(n, dtype=np.int64)  # p per example
-    target = np.empty(n, dtype=np.int64)  # B per example
-    q = seq_len - 1
-    for i in range(n):
-        a = int(rng.randint(low, high))
-        b = int(rng.randint(low, high - 1))
-        b += b >= a  # uniform over the range without A
-        p = int(rng.randint(p_low, p_high))
-        row = tokens[i]
-        stray = (row == a) | (row == b)
-        stray[[p, p + 1, q]] = False
-        n_stray = int(stray.sum())
-        if n_stray:
-            fresh = rng.randint(low, high - 2, size=n_stray)
-            lo_ab, hi_ab = min(a, b), max(a, b)
-            fresh += fresh >= lo_ab  # skip the smaller of A, B ...
-            fresh += fresh >= hi_ab  # ... then the larger: uniform over the range without both
-            row[stray] = fresh
-        row[p], row[p + 1], row[q] = a, b, a
-        first_pos[i] = p
-        target[i] = b
-    dup = torch.from_numpy(first_pos)
-    return ProbeBatch(
-        tokens=torch.from_numpy(tokens),
-        query_pos=torch.full((n,), q, dtype=torch.long),
-        target=torch.from_numpy(target),
-        induction_pos=dup + 1,
-        duplicate_pos=dup,
-        spec={**spec.to_json(), "p_low": p_low, "p_high": p_high, "rng": "numpy.RandomState"},
-    )

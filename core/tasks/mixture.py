@@ -27,6 +27,7 @@ from typing import Callable
 import torch
 
 from core.errors import HeadLabError
+from core.tasks.text import load_text_bytes
 from core.tasks.vocab import BOS, N_BYTES
 
 KINDS = ("repeat", "text", "mixture", "shifted", "code")
@@ -108,8 +109,6 @@ def _text_row(gen: torch.Generator, seq_len: int, corpus: torch.Tensor) -> torch
 
 @functools.lru_cache(maxsize=4)
 def _text_corpus(split: str) -> torch.Tensor:
-    from core.tasks.text import load_text_bytes
-
     return load_text_bytes(split).long()
 
 
@@ -195,7 +194,8 @@ def _attention_patterns(model_or_pattern_fn, tokens: torch.Tensor) -> torch.Tens
     if hasattr(model, "run_with_cache"):
         _, cache = model.run_with_cache(tokens, names_filter=lambda name: name.endswith("attn.hook_pattern"))
         n_layers = model.cfg.n_layers
-        return torch.stack([cache[f"blocks.{l}.attn.hook_pattern"] for l in range(n_layers)]).float()
+        # cache["pattern", l]: TransformerLens names the hook (tasks sit below core.model.hooks)
+        return torch.stack([cache["pattern", l] for l in range(n_layers)]).float()
     if hasattr(model, "config") and hasattr(model, "forward"):
         out = model(tokens, output_attentions=True)
         if out.attentions is None or any(a is None for a in out.attentions):

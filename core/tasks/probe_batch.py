@@ -82,6 +82,15 @@ class ProbeBatch:
     def device(self) -> torch.device:
         return self.tokens.device
 
+    def check_vocab(self, vocab_size: int) -> None:
+        """Refuse a batch whose token ids (inputs or targets) a model with `vocab_size` tokens cannot read."""
+        top = max(int(self.tokens.max()), int(self.target.max()))
+        if top >= int(vocab_size) or int(self.tokens.min()) < 0:
+            raise HeadLabError(
+                f"The probe uses token ids up to {top}, a task the model's vocabulary ({vocab_size} tokens) "
+                "cannot hold; choose a task or token range inside the vocabulary."
+            )
+
     def pattern_positions(self, name: str) -> torch.Tensor:
         """Key position of a single-position pattern at each query: [example] long."""
         if name == "induction":

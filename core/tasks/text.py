@@ -7,15 +7,17 @@ the natural-text probe reads "heldout" only, so the probe never scores memorised
 from __future__ import annotations
 
 import hashlib
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import lru_cache
 from numbers import Integral
+from typing import ClassVar
 
 import numpy as np
 import torch
+from pydoc_data.topics import topics
 
 from core.errors import HeadLabError
+from core.results import JsonResult
 from core.tasks.probe_batch import ProbeBatch
 from core.tasks.vocab import BOS
 
@@ -30,8 +32,6 @@ MAX_TEXT_SEQ_LEN = 2048  # the once-before search builds a [T, T] table per wind
 @lru_cache(maxsize=1)
 def _corpus_bytes() -> bytes:
     """All topic texts, values in sorted-key order joined by blank lines, UTF-8 encoded."""
-    from pydoc_data.topics import topics
-
     return "\n\n".join(topics[key] for key in sorted(topics)).encode("utf-8")
 
 
@@ -62,9 +62,13 @@ def load_text_bytes(split: str) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class TextProbeSpec:
-    """Parameters of one natural-text probe batch: windows of seq_len tokens (BOS first) from held-out text."""
+class TextProbeSpec(JsonResult):
+    """Parameters of one natural-text probe batch: windows of seq_len tokens (BOS first) from held-out text.
 
+    A ProbeSpec (core.tasks.specs): to_json() is its fields plus "task" and min_query_pos.
+    """
+
+    task: ClassVar[str] = "text"
     n_examples: int
     seq_len: int
     seed: int
@@ -95,12 +99,59 @@ class TextProbeSpec:
 
     def to_json(self) -> dict:
         # min_query_pos is part of how the batch is built, so it is part of the cache key
-        return {"task": "text", **asdict(self), "min_query_pos": MIN_TEXT_QUERY_POS}
+        return {"task": self.task, **super().to_json(), "min_query_pos": MIN_TEXT_QUERY_POS}
 
-    @classmethod
-    def from_json(cls, obj: dict | str) -> "TextProbeSpec":
-        data = json.loads(obj) if isinstance(obj, str) else dict(obj)
-        return cls(**{k: data[k] for k in ("n_examples", "seq_len", "seed")})
+    def build(self) -> ProbeBatch:
+        """Windows from held-out text with one query each (METHODS.md: the natural-text probe).
+
+        Each window is BOS followed by seq_len-1 contiguous held-out bytes, its start uniform (numpy
+        RandomState(seed)). The query q is uniform among valid_text_queries(window); a window
+        without one is redrawn. target = window[j+1], the byte that followed the earlier occurrence j
+        (which need not equal window[q+1]). Bytes after q stay in place: a causal model cannot see them.
+        """
+        heldout = _split_tensor("heldout").numpy()
+        body = self.seq_len - 1
+        if body > heldout.shape[0]:
+            raise HeadLabError(f"Text probe seq_len must be at most {heldout.shape[0] + 1}, the held-out text length.")
+        rng = np.random.RandomState(self.seed)
+        tokens = np.empty((self.n_examples, self.seq_len), dtype=np.int64)  # [example, pos]
+        query = np.empty(self.n_examples, dtype=np.int64)
+        dup = np.empty(self.n_examples, dtype=np.int64)
+        max_draws = 100 * self.n_examples + 1000
+        filled, draws = 0, 0
+        while filled < self.n_examples:
+            draws += 1
+            if draws > max_draws:
+                raise HeadLabError(
+                    "Too few held-out windows have a token that occurred exactly once before; use a shorter seq_len."
+                )
+            start = int(rng.randint(0, heldout.shape[0] - body + 1))
+            window = np.concatenate([[BOS], heldout[start : start + body]])
+            qs, js = valid_text_queries(window)
+            if qs.size == 0:
+                continue
+            pick = int(rng.randint(qs.size))
+            tokens[filled], query[filled], dup[filled] = window, qs[pick], js[pick]
+            filled += 1
+        dup_t = torch.from_numpy(dup)
+        tokens_t = torch.from_numpy(tokens)
+        return ProbeBatch(
+            tokens=tokens_t,
+            query_pos=torch.from_numpy(query),
+            target=tokens_t[torch.arange(self.n_examples), dup_t + 1].clone(),
+            induction_pos=dup_t + 1,
+            duplicate_pos=dup_t,
+            spec={
+                **self.to_json(),
+                "split": "heldout",
+                "source": "pydoc_data.topics",
+                "text_sha256_16": text_fingerprint(),
+                "min_query_pos": MIN_TEXT_QUERY_POS,
+                "min_induction_gap": MIN_INDUCTION_GAP,
+                "windows_drawn": draws,
+                "rng": "numpy.RandomState",
+            },
+        )
 
 
 def default_text_probe_spec() -> TextProbeSpec:
@@ -123,56 +174,3 @@ def valid_text_queries(window: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     pos = np.arange(seq_len)
     ok = (count_before == 1) & (pos >= MIN_TEXT_QUERY_POS) & (first_before + 1 <= pos - MIN_INDUCTION_GAP)
     return pos[ok].astype(np.int64), first_before[ok].astype(np.int64)
-
-
-def make_text_probe(spec: TextProbeSpec) -> ProbeBatch:
-    """Windows from held-out text with one query each (METHODS.md: the natural-text probe).
-
-    Each window is BOS followed by seq_len-1 contiguous held-out bytes, its start uniform (numpy
-    RandomState(spec.seed)). The query q is uniform among valid_text_queries(window); a window
-    without one is redrawn. target = window[j+1], the byte that followed the earlier occurrence j
-    (which need not equal window[q+1]). Bytes after q stay in place: a causal model cannot see them.
-    """
-    heldout = _split_tensor("heldout").numpy()
-    body = spec.seq_len - 1
-    if body > heldout.shape[0]:
-        raise HeadLabError(f"Text probe seq_len must be at most {heldout.shape[0] + 1}, the held-out text length.")
-    rng = np.random.RandomState(spec.seed)
-    tokens = np.empty((spec.n_examples, spec.seq_len), dtype=np.int64)  # [example, pos]
-    query = np.empty(spec.n_examples, dtype=np.int64)
-    dup = np.empty(spec.n_examples, dtype=np.int64)
-    max_draws = 100 * spec.n_examples + 1000
-    filled, draws = 0, 0
-    while filled < spec.n_examples:
-        draws += 1
-        if draws > max_draws:
-            raise HeadLabError(
-                "Too few held-out windows have a token that occurred exactly once before; use a shorter seq_len."
-            )
-        start = int(rng.randint(0, heldout.shape[0] - body + 1))
-        window = np.concatenate([[BOS], heldout[start : start + body]])
-        qs, js = valid_text_queries(window)
-        if qs.size == 0:
-            continue
-        pick = int(rng.randint(qs.size))
-        tokens[filled], query[filled], dup[filled] = window, qs[pick], js[pick]
-        filled += 1
-    dup_t = torch.from_numpy(dup)
-    tokens_t = torch.from_numpy(tokens)
-    return ProbeBatch(
-        tokens=tokens_t,
-        query_pos=torch.from_numpy(query),
-        target=tokens_t[torch.arange(spec.n_examples), dup_t + 1].clone(),
-        induction_pos=dup_t + 1,
-        duplicate_pos=dup_t,
-        spec={
-            **spec.to_json(),
-            "split": "heldout",
-            "source": "pydoc_data.topics",
-            "text_sha256_16": text_fingerprint(),
-            "min_query_pos": MIN_TEXT_QUERY_POS,
-            "min_induction_gap": MIN_INDUCTION_GAP,
-            "windows_drawn": draws,
-            "rng": "numpy.RandomState",
-        },
-    )

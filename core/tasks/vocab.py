@@ -11,3 +11,17 @@ SEP = 259  # separator between segments
 BYTE_VOCAB_SIZE = 260
 
 SPECIAL_TOKENS = {"BOS": BOS, "PAD": PAD, "EOS": EOS, "SEP": SEP}
+TOKEN_LABELS = {BOS: "<bos>", PAD: "<pad>", EOS: "<eos>", SEP: "<sep>"}
+
+
+def token_label(token: int) -> str:
+    """A byte token as a short readable label: printable characters, \\xNN, or <bos>/<pad>/<eos>/<sep>."""
+    token = int(token)
+    if token in TOKEN_LABELS:
+        return TOKEN_LABELS[token]
+    if 33 <= token < 127:
+        return chr(token)
+    if token == 32:
+        return "␣"
+    return f"\\x{token:02x}" if 0 <= token < N_BYTES else str(token)
+

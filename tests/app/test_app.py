@@ -15,7 +15,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest
+
+import core.zoo.presets
+from core.ablation.study import ablate_alone, example_damage, worst_examples
+from core.heads import head_name
+from core.model.loading import load_model
+from core.model.refs import ModelRef, list_checkpoints
+from core.pipelines.recipe import ScreenSettings, screen
+from core.stats.controls import count_matched_sets
+from core.stats.selectivity import classify
+from core.tasks.specs import probe_spec
+from pages._state import WORKSPACE
 
 pytestmark = pytest.mark.zoo
 
@@ -61,10 +74,7 @@ def errors(at: AppTest) -> list[str]:
 @pytest.fixture(scope="module")
 def report(quick_zoo):
     """What core returns for the app's default probe at N = 32."""
-    from core.model.loading import ModelRef
-    from core.pipelines.recipe import probe_spec, screen
-
-    return screen(ModelRef.parse(MODEL), probe_spec("induction", N, T), n_null_draws=200)
+    return screen(ModelRef.parse(MODEL), probe_spec("induction", N, T), ScreenSettings(n_null_draws=200))
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -97,8 +107,6 @@ def test_screen_heatmap_follows_checkpoint_and_pattern(report):
         assert revisions[index] in chart(at, "screen_heatmap")["layout"]["title"]["text"]
         seen.append(np.asarray(heat["customdata"], dtype=float))
         # the class map shows core's classes at that checkpoint
-        from core.stats.selectivity import classify
-
         classes = chart(at, "screen_classes")["data"][0]["customdata"]
         assert classes == classify(report.selectivity_by_checkpoint[index], patterns, report.final.threshold).tolist()
         assert at.query_params["revision"] == [revisions[index]] or at.query_params["revision"] == revisions[index]
@@ -127,17 +135,14 @@ def test_app_opens_on_the_induction_model_and_screens_the_duplicate_model(quick_
 
 
 def test_spectral_page_switches_pr_definition(report):
-    from core.model.loading import ModelRef
-    from core.pipelines.recipe import probe_spec, screen
-
     at = open_page(make_app(), "spectral")
     tokens = np.asarray(report.spectral.tokens)
     keep = tokens > 0
     for definition in ("entropy", "classic"):
         at.radio(key="_w_pr_definition").set_value(definition).run()
         assert not at.exception and errors(at) == []
-        expected = screen(ModelRef.parse(MODEL), probe_spec("induction", N, T), definition=definition,
-                          n_null_draws=0).spectral
+        expected = screen(ModelRef.parse(MODEL), probe_spec("induction", N, T),
+                          ScreenSettings(definition=definition, n_null_draws=0)).spectral
         fig = chart(at, "spectral_trajectories")
         assert definition in fig["layout"]["title"]["text"]
         assert any(definition in c.value for c in list(at.caption) + list(at.markdown))  # named in the caption
@@ -150,8 +155,6 @@ def test_spectral_page_switches_pr_definition(report):
 
 
 def test_ablation_run_button_produces_a_verdict(report):
-    from core.ablation.engine import count_matched_sets
-
     at = open_page(make_app(), "ablation")
     at.button(key="preset_circuit").click().run()
     typed = at.text_input(key="heads_text").value
@@ -177,6 +180,14 @@ def test_ablation_run_button_produces_a_verdict(report):
     at.button(key="run_ablation").click().run()
     assert len(at.session_state["ablation_history"]) == 2
     assert at.session_state["ablation_history"][0]["result"] is result
+    # the hand-off to the head inspector opens it on the ablated head, with this run's damage table
+    first = head_name(result.selection.heads[0])
+    assert at.selectbox(key="inspect_ablated").value == first
+    at.button(key="open_inspector").click().run()
+    assert not at.exception, at.exception
+    assert [t.value for t in at.title] == ["Head inspector"]
+    assert at.session_state["head"] == at.selectbox(key="_w_head").value == first
+    assert any(f"Group ablation **{result.selection}**" in m.value for m in at.markdown)
 
 
 def test_typo_in_typed_heads_shows_error_and_page_keeps_working(report):
@@ -193,11 +204,6 @@ def test_typo_in_typed_heads_shows_error_and_page_keeps_working(report):
 
 
 def test_inspector_shows_the_chosen_head(report):
-    import torch
-
-    from core.model.loading import ModelRef, load_model
-    from core.pipelines.recipe import build_probe, probe_spec
-
     at = open_page(make_app(head="L1H3"), "inspector")
     assert not at.exception and errors(at) == []
     assert any("L1H3" in m.value for m in at.markdown)
@@ -206,7 +212,7 @@ def test_inspector_shows_the_chosen_head(report):
     expected = report.selectivity_by_checkpoint[index][:, 1, 3]
     np.testing.assert_allclose(scores["y"], np.maximum(expected, 1e-3))
     # the full pattern is one run_with_cache on the chosen example; its query row is the probe's row
-    batch = build_probe(probe_spec("induction", N, T))
+    batch = probe_spec("induction", N, T).build()
     model = load_model(ModelRef.parse(MODEL))
     with torch.no_grad():
         _, cache = model.run_with_cache(batch.tokens[[0]], names_filter=lambda n: n == "blocks.1.attn.hook_pattern")
@@ -215,6 +221,56 @@ def test_inspector_shows_the_chosen_head(report):
     row = chart(at, "inspector_row_0")["data"][0]["y"]
     q = int(batch.query_pos[0])
     np.testing.assert_allclose(row, full[q, : q + 1], atol=1e-5)
+    # ablating the head alone: core's single-head ablation, its mean damage and the examples it hurt most
+    at.button(key="inspector_single").click().run()
+    assert not at.exception and errors(at) == []
+    clean, alone = ablate_alone(model, batch, (1, 3))
+    assert any(f"mean Δ loss {float(alone.delta(clean, 'loss').mean()):+.4f}" in m.value for m in at.markdown)
+    damage = example_damage(clean, alone, "loss")  # [example]
+    np.testing.assert_allclose(at.dataframe[-1].value["Δ loss"], damage[worst_examples(damage, 8)])
+    at.run()  # the next run shows the kept result, with no button to run it again
+    assert not any(b.key == "inspector_single" for b in at.button)
+    np.testing.assert_allclose(at.dataframe[-1].value["Δ loss"], damage[worst_examples(damage, 8)])
+
+
+SIDEBAR_WIDGETS = ("selectbox", "select_slider", "radio", "number_input", "text_input")
+
+
+def sidebar_widgets(at: AppTest) -> dict[str, str]:
+    """Widget key -> element id of every widget in the sidebar (the id includes the script that drew it)."""
+    return {w.key: w.proto.id for kind in SIDEBAR_WIDGETS for w in at.sidebar.get(kind)}
+
+
+def test_sidebar_is_drawn_once_by_the_app(quick_zoo):
+    """app.py draws the workspace sidebar once per run, before the page: every page shows the same widgets
+    (same keys and same element ids, which a page drawing its own sidebar would not have), and a choice made
+    on one page is still there on the next."""
+    at = make_app(model="induction-neox", task="text")  # the dynamics page stops early on a text probe
+    at.run()
+    home = sidebar_widgets(at)
+    assert {"_w_model", "_w_revision", "_w_task", "_w_n", "_w_seq_len", "_w_seed"} <= set(home)
+    at.number_input(key="_w_seq_len").set_value(T + 8).run()
+    for page in ("attribution", "dynamics"):
+        at.switch_page(f"pages/{page}.py")
+        at.run()
+        assert not at.exception, at.exception
+        assert [h.value for h in at.sidebar.header] == ["Workspace"]  # one sidebar, not one per page
+        assert sidebar_widgets(at) == home, page
+        assert at.number_input(key="_w_seq_len").value == T + 8
+        assert at.session_state[WORKSPACE].spec.seq_len == T + 8
+
+
+def test_a_deep_link_as_first_request_runs_through_app_py(quick_zoo, monkeypatch, navigation_runs_app_py):
+    """The first request after a server starts, if it is a deep link, is served as a legacy pages/ app (the page
+    file alone); the page then reruns through app.py, so it has the sidebar and a fresh workspace."""
+    monkeypatch.setattr(PagesManager, "__init__", navigation_runs_app_py)  # Streamlit's own behaviour
+    at = make_app(task="text")  # the dynamics page stops early on a text probe
+    at.switch_page("pages/dynamics.py")  # before the first run: the page is found by its file name
+    at.run()
+    assert not at.exception, at.exception
+    assert [t.value for t in at.title] == ["Training dynamics"]
+    assert [h.value for h in at.sidebar.header] == ["Workspace"]
+    assert at.session_state[WORKSPACE].task == "text"
 
 
 def test_url_holds_the_view(report):
@@ -229,8 +285,6 @@ def test_url_holds_the_view(report):
 
 
 def test_vanished_checkpoint_shows_error_on_every_page(quick_zoo):
-    from core.model.loading import list_checkpoints, ModelRef
-
     name = "vanished-neox"
     target = quick_zoo / name
     if not target.exists():
@@ -270,8 +324,6 @@ def test_probe_too_long_for_the_model(quick_zoo):
 
 def test_first_launch_offers_to_train_the_zoo(tmp_path, monkeypatch):
     """With an empty zoo the first page offers training and reports its progress."""
-    import core.zoo.train
-
     calls = []
 
     def fake_train_zoo(preset="quick", progress=True, only=None):
@@ -280,11 +332,11 @@ def test_first_launch_offers_to_train_the_zoo(tmp_path, monkeypatch):
         return []
 
     monkeypatch.setenv("HEADLAB_HOME", str(tmp_path))
-    monkeypatch.setattr(core.zoo.train, "train_zoo", fake_train_zoo)
+    monkeypatch.setattr(core.zoo.presets, "train_zoo", fake_train_zoo)
     at = AppTest.from_file(APP, default_timeout=120)
     at.run()
     assert not at.exception
     assert any("zoo is empty" in i.value for i in at.info)
     at.button[0].click().run()
     assert not at.exception, at.exception
-    assert calls == [name for name, _, _ in core.zoo.train.ZOO_PRESETS["quick"]]
+    assert calls == [name for name, _, _ in core.zoo.presets.ZOO_PRESETS["quick"]]

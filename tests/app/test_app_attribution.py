@@ -8,10 +8,16 @@ batches and evaluation examples keep it quick on two CPUs.
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
+
+from core.model.refs import ModelRef
+from core.pipelines import attribution as attr
+from core.pipelines import attribution_results as ares
+from core.pipelines.attribution import analyze_ref
+from core.pipelines.attribution_results import AttributionSettings, summarize
+from core.workspace import atomic_write_json
 from tests.app.test_app import chart, errors, make_app, open_page
 
 pytestmark = pytest.mark.zoo
@@ -33,9 +39,6 @@ def quick_settings(at: AppTest) -> None:
 
 
 def test_live_analysis_matches_core_and_sends_heads_to_the_ablation_lab(quick_zoo):
-    from core.pipelines.attribution import AttributionSettings, analyze_ref
-    from core.model.loading import ModelRef
-
     at = open_attribution()
     assert errors(at) == []
     assert any("Run analysis" in i.value for i in at.info)
@@ -98,15 +101,12 @@ def test_ood_lengths_without_valid_samples_show_errors(quick_zoo):
 @pytest.fixture
 def stored_seeds(quick_zoo):
     """Hand-made per-seed results as a preset run stores them: 3 reverse seeds (one skipped model), 2 sort."""
-    from core.pipelines import attribution as attr
-    from core.workspace import atomic_write_json
-
     folder = attr.attribution_dir()
     written = []
 
     def store(name, task, G, C):
-        settings = attr.AttributionSettings(task=task)
-        result = attr.assemble_result(name, "step1", attr.component_order(4, 4), G, C, 0.5, {8: 0.5}, 8, settings,
+        settings = ares.AttributionSettings(task=task)
+        result = ares.assemble_result(name, "step1", ares.component_order(4, 4), G, C, 0.5, {8: 0.5}, 8, settings,
                                       lambda members: 0.4)
         atomic_write_json(folder / f"{name}.json", result.to_json())
         written.append(folder / f"{name}.json")
@@ -119,7 +119,7 @@ def stored_seeds(quick_zoo):
     sort = [store(f"fake-sort-s{i}", "sort", np.arange(1, 21), C) for i in range(2)]
     skip = folder / "fake-reverse-s3.skipped.json"
     atomic_write_json(skip, {"model": "fake-reverse-s3", "revision": "step1", "reason": "no OOD length in the band",
-                             "settings": attr.AttributionSettings(task="reverse").to_json()})
+                             "settings": ares.AttributionSettings(task="reverse").to_json()})
     written.append(skip)
     yield results, sort
     for path in written:
@@ -127,8 +127,6 @@ def stored_seeds(quick_zoo):
 
 
 def test_seed_figures_from_stored_results(stored_seeds):
-    from core.pipelines.attribution import summarize
-
     results, sort = stored_seeds
     at = open_attribution()
     assert errors(at) == []

@@ -7,6 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+from core.figures.coactivation import cluster_order
+from core.model.refs import ModelRef
+from core.pipelines.coactivation import CoactivationSettings, coactivation
+from core.tasks.specs import probe_spec
 from tests.app.test_app import chart, errors, make_app, open_page
 
 pytestmark = pytest.mark.zoo
@@ -18,12 +23,8 @@ T = 64
 
 
 def _report(model: str, n: int, route: bool = False):
-    from core.pipelines.coactivation import coactivation
-    from core.model.loading import ModelRef
-    from core.pipelines.recipe import probe_spec
-
-    return coactivation(ModelRef.parse(model), None, probe_spec("induction", n, T), route_conditional=route,
-                        run_closure=False)
+    return coactivation(ModelRef.parse(model), None, probe_spec("induction", n, T),
+                        CoactivationSettings(route_conditional=route, run_closure=False))
 
 
 def _verdict_text(at) -> str:
@@ -31,8 +32,6 @@ def _verdict_text(at) -> str:
 
 
 def test_page_draws_core_report_runs_closure_and_sends_to_the_lab(quick_zoo):
-    from core.figures.coactivation import cluster_order
-
     expected = _report(DENSE, N)
     at = open_page(make_app(model=DENSE, n=N), "coactivation")
     assert not at.exception, at.exception

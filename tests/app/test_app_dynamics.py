@@ -1,11 +1,15 @@
 """The Training dynamics page on the quick zoo (AppTest, no browser): its figures hold exactly what
-core/dynamics.py returns, the margin moves the PR-rise marks, the cross-seed and form-vs-function
+core/pipelines/dynamics.py returns, the margin moves the PR-rise marks, the cross-seed and form-vs-function
 buttons run the ablation engine in place, and a text probe gets a clear message instead of a crash."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+
+from core.model.refs import ModelRef
+from core.pipelines.dynamics import cross_seed_matrix, training_trajectories
+from core.tasks.specs import probe_spec
 from tests.app.test_app import chart, errors, make_app, open_page
 
 pytestmark = pytest.mark.zoo
@@ -16,10 +20,6 @@ N, T = 32, 64
 
 @pytest.fixture(scope="module")
 def traj(quick_zoo):
-    from core.pipelines.dynamics import training_trajectories
-    from core.model.loading import ModelRef
-    from core.pipelines.recipe import probe_spec
-
     return training_trajectories(ModelRef.parse(MODEL), probe_spec("induction", N, T))
 
 
@@ -53,10 +53,6 @@ def test_timing_and_identification_show_core_numbers(traj):
 
 
 def test_cross_seed_and_form_function_buttons(traj):
-    from core.pipelines.dynamics import cross_seed_matrix
-    from core.model.loading import ModelRef
-    from core.pipelines.recipe import probe_spec
-
     at = open_page(make_app(), "dynamics")
     at.multiselect(key=f"dyn_seed_models-{MODEL}").set_value([MODEL])
     at.number_input(key="dyn_seed_controls").set_value(5)

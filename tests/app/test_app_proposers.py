@@ -5,18 +5,18 @@ an Ising model, so that proposal must be listed as not tested, with the reason, 
 from __future__ import annotations
 
 import pytest
+import torch
+
+from core.heads import HeadSet
+from core.model.refs import ModelRef
+from core.pipelines.proposers import proposers_vs_disposer
+from core.tasks.specs import probe_spec
 from tests.app.test_app import N, T, chart, errors, make_app, open_page
 
 pytestmark = pytest.mark.zoo
 
 
 def test_page_runs_all_proposers_and_sends_one_to_the_lab(quick_zoo):
-    import torch
-
-    from core.model.loading import ModelRef
-    from core.pipelines.proposers import proposers_vs_disposer
-    from core.pipelines.recipe import probe_spec
-
     torch.set_num_threads(1)
     expected = proposers_vs_disposer(ModelRef.parse("induction-neox"), None, probe_spec("induction", N, T), n_controls=5)
     at = open_page(make_app(), "proposers")
@@ -35,4 +35,4 @@ def test_page_runs_all_proposers_and_sends_one_to_the_lab(quick_zoo):
     screen = expected.disposals[1].proposal.heads
     at.button(key="pvd_send_pattern screen").click().run()
     assert not at.exception, at.exception
-    assert at.text_input(key="heads_text").value == ", ".join(f"L{l}H{h}" for l, h in screen)
+    assert at.text_input(key="heads_text").value == str(HeadSet(screen))  # core's one text form of a head set

@@ -20,6 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from core.model.loading import load_config
+from core.model.refs import ModelRef, list_checkpoints
+
 pytestmark = [pytest.mark.browser, pytest.mark.zoo]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,7 +86,7 @@ def server(quick_zoo):
 
 @pytest.fixture(scope="module")
 def browser(server):
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import sync_playwright  # optional: the server fixture skips when it is missing
 
     with sync_playwright() as pw:
         chromium = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
@@ -138,8 +141,6 @@ def test_every_page_in_the_browser(server, page, path, title, name):
 
 
 def test_ablation_lab_box_select_run_and_verdict(server, page):
-    from core.model.loading import ModelRef, load_config
-
     config = load_config(ModelRef.parse(MODEL))
     n_layers, n_heads = int(config.num_hidden_layers), int(config.num_attention_heads)
     layer, first, last = min(1, n_layers - 1), 0, min(3, n_heads // 2 - 1)  # at most half a layer: matched controls exist
@@ -199,8 +200,6 @@ def test_export_menu_downloads_a_paper_png(server, page):
 
 def test_clicking_a_head_on_a_grid_opens_the_inspector(server, page):
     """Heatmaps carry invisible square click targets: a click names the head and links to the inspector."""
-    from core.model.loading import ModelRef, load_config
-
     config = load_config(ModelRef.parse(MODEL))
     n_layers, n_heads = int(config.num_hidden_layers), int(config.num_attention_heads)
     layer, head = min(1, n_layers - 1), 0
@@ -342,8 +341,6 @@ def test_proposers_vs_disposer_runs_and_hands_a_proposal_to_the_lab(server, page
 
 def test_training_dynamics_form_vs_function(server, page):
     """Training dynamics: timing and identification figures, then form vs function at the first and last checkpoint."""
-    from core.model.loading import ModelRef, list_checkpoints
-
     title = "Training dynamics"
     page.goto(f"{server}/dynamics?{QUERY}")
     wait_until_idle(page, title)

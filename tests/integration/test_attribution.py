@@ -12,7 +12,10 @@ import numpy as np
 import pytest
 import torch
 
+from core.cli import attribution as cli
 from core.pipelines import attribution as attr
+from core.pipelines import attribution_measures as measures
+from core.pipelines import attribution_results as ares
 from core.errors import HeadLabError
 from core.tasks.sequences import exact_match_accuracy, make_sequence_batch
 
@@ -70,7 +73,7 @@ def trained_folder(tmp_path_factory) -> Path:
     gen = torch.Generator().manual_seed(0)
     for _ in range(100):
         tokens, mask = make_sequence_batch("reverse", [1, 2], 64, gen)
-        loss = attr.answer_loss(model(tokens).logits, tokens, mask)
+        loss = measures.answer_loss(model(tokens).logits, tokens, mask)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -81,7 +84,8 @@ def trained_folder(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def bridge(trained_folder):
-    from core.model.loading import ModelRef, load_model
+    from core.model.loading import load_model
+    from core.model.refs import ModelRef
 
     return load_model(ModelRef.parse(str(trained_folder)))
 
@@ -90,30 +94,30 @@ def bridge(trained_folder):
 
 
 def test_component_names_and_order():
-    assert attr.component_order(2, 2) == ("L0H0", "L0H1", "L0MLP", "L1H0", "L1H1", "L1MLP")
-    assert attr.component_order(2, 2, with_mlp=False) == ("L0H0", "L0H1", "L1H0", "L1H1")
-    assert len(attr.component_order(4, 4)) == 20
+    assert ares.component_order(2, 2) == ("L0H0", "L0H1", "L0MLP", "L1H0", "L1H1", "L1MLP")
+    assert ares.component_order(2, 2, with_mlp=False) == ("L0H0", "L0H1", "L1H0", "L1H1")
+    assert len(ares.component_order(4, 4)) == 20
     from tests.tiny_models import tiny_model
 
-    hhg = attr.component_blocks(tiny_model("hhg"))  # [HHG] shape: 4 x 4 heads, d_model 128, d_ff 512
+    hhg = measures.component_blocks(tiny_model("hhg"))  # [HHG] shape: 4 x 4 heads, d_model 128, d_ff 512
     assert hhg.components[:5] == ("L0H0", "L0H1", "L0H2", "L0H3", "L0MLP") and len(hhg.components) == 20
     assert sum(p.numel for p in hhg.paper["L2H1"]) == 2 * 32 * 128  # W_V rows + W_O columns
     assert sum(p.numel for p in hhg.reference["L2H1"]) == 32 * 128
     assert sum(p.numel for p in hhg.paper["L3MLP"]) == 512 * 128
-    llama = attr.component_blocks(tiny_model("llama"))
+    llama = measures.component_blocks(tiny_model("llama"))
     assert llama.has_mlp and llama.paper["L1MLP"][0].name.endswith("down_proj.weight")
-    olmoe = attr.component_blocks(tiny_model("olmoe"))  # experts: no single MLP output matrix
-    assert not olmoe.has_mlp and olmoe.components == attr.component_order(2, 4, with_mlp=False)
-    assert attr.parse_component("L1H3") == (1, 3)
-    assert attr.parse_component("l3mlp") == (3, None)
+    olmoe = measures.component_blocks(tiny_model("olmoe"))  # experts: no single MLP output matrix
+    assert not olmoe.has_mlp and olmoe.components == ares.component_order(2, 4, with_mlp=False)
+    assert ares.parse_component("L1H3") == (1, 3)
+    assert ares.parse_component("l3mlp") == (3, None)
     with pytest.raises(HeadLabError):
-        attr.parse_component("L1X3")
+        ares.parse_component("L1X3")
 
 
 def test_value_rows_are_the_heads_values():
     """The W_V rows HeadLab picks for head h really produce head h's values in the model's forward."""
     model = random_hhg_model(3)
-    blocks = attr.component_blocks(model)
+    blocks = measures.component_blocks(model)
     x = torch.randn(5, D_MODEL)
     attention = model.gpt_neox.layers[1].attention
     qkv = attention.query_key_value(x).view(5, N_HEADS, 3 * D_HEAD)  # as the forward views it
@@ -131,7 +135,7 @@ def test_value_rows_are_the_heads_values():
 def _by_hand(model, n_batches: int, seed: int, length: int, batch_size: int):
     """Per batch: the full loss gradient once (loss.backward), sliced by hand; returns the means of
     (|g_V|, |g_O|, |g_MLP|) norms per component, and the squared pieces for the paper variant."""
-    gen = torch.Generator().manual_seed(attr._derived_seed(seed, 1))
+    gen = torch.Generator().manual_seed(measures._derived_seed(seed, 1))
     paper = np.zeros(N_LAYERS * (N_HEADS + 1))
     reference = np.zeros_like(paper)
     for _ in range(n_batches):
@@ -161,8 +165,8 @@ def _by_hand(model, n_batches: int, seed: int, length: int, batch_size: int):
 
 def test_gradient_magnitudes_match_autograd():
     model = random_hhg_model(1)
-    paper = attr.gradient_magnitudes(model, "reverse", 8, n_batches=2, batch_size=8, seed=4, variant="paper")
-    reference = attr.gradient_magnitudes(model, "reverse", 8, n_batches=2, batch_size=8, seed=4, variant="reference")
+    paper = measures.gradient_magnitudes(model, "reverse", 8, n_batches=2, batch_size=8, seed=4, variant="paper")
+    reference = measures.gradient_magnitudes(model, "reverse", 8, n_batches=2, batch_size=8, seed=4, variant="reference")
     want_paper, want_reference = _by_hand(model, 2, 4, 8, 8)
     np.testing.assert_allclose(paper, want_paper, rtol=1e-5)
     np.testing.assert_allclose(reference, want_reference, rtol=1e-5)
@@ -175,11 +179,11 @@ def test_paper_normalisation_is_norm_over_sqrt_count():
     weight = torch.zeros(4, 6)
     grads = {id(weight): torch.full((4, 6), 2.0)}
     pieces = {
-        "L0H0": (attr.ParamSlice("w", weight, slice(0, 2), slice(None)), attr.ParamSlice("w", weight, slice(None), slice(0, 1))),
-        "L0MLP": (attr.ParamSlice("w", weight, slice(None), slice(None)),),
+        "L0H0": (measures.ParamSlice("w", weight, slice(0, 2), slice(None)), measures.ParamSlice("w", weight, slice(None), slice(0, 1))),
+        "L0MLP": (measures.ParamSlice("w", weight, slice(None), slice(None)),),
     }
-    raw = attr.block_norms(pieces, grads, ["L0H0", "L0MLP"], normalise=False)
-    normalised = attr.block_norms(pieces, grads, ["L0H0", "L0MLP"], normalise=True)
+    raw = measures.block_norms(pieces, grads, ["L0H0", "L0MLP"], normalise=False)
+    normalised = measures.block_norms(pieces, grads, ["L0H0", "L0MLP"], normalise=True)
     # L0H0: 12 + 4 entries of 2 -> sqrt(16 * 4) = 8; / sqrt(16) = 2. L0MLP: sqrt(24 * 4); / sqrt(24) = 2.
     np.testing.assert_allclose(raw, [8.0, math.sqrt(96.0)])
     np.testing.assert_allclose(normalised, [2.0, 2.0])
@@ -187,19 +191,19 @@ def test_paper_normalisation_is_norm_over_sqrt_count():
 
 def test_gradients_refuse_a_bridge_wrapped_model(bridge):
     with pytest.raises(HeadLabError, match="plain Hugging Face"):
-        attr.gradient_magnitudes(bridge.original_model, "reverse", 8, n_batches=1, batch_size=2)
+        measures.gradient_magnitudes(bridge.original_model, "reverse", 8, n_batches=1, batch_size=2)
     with pytest.raises(HeadLabError):
-        attr.gradient_magnitudes(random_hhg_model(), "reverse", 8, variant="mine")
+        measures.gradient_magnitudes(random_hhg_model(), "reverse", 8, variant="mine")
 
 
 def test_model_without_mlps_is_heads_only():
     model = random_hhg_model(2)
     for layer in model.gpt_neox.layers:
         layer.mlp = torch.nn.Identity()
-    blocks = attr.component_blocks(model)
+    blocks = measures.component_blocks(model)
     assert blocks.components == ("L0H0", "L0H1", "L1H0", "L1H1")
     assert not blocks.has_mlp and "reduced analysis" in blocks.notes[0]
-    G = attr.gradient_magnitudes(model, "reverse", 8, n_batches=1, batch_size=4)
+    G = measures.gradient_magnitudes(model, "reverse", 8, n_batches=1, batch_size=4)
     assert G.shape == (4,)
 
 
@@ -209,7 +213,7 @@ def test_model_without_mlps_is_heads_only():
 def _zeroed_accuracy(folder: Path, component: str, length: int, n: int, seed: int) -> float:
     """Accuracy of a fresh copy with the component's output weights zeroed (a zero ablation by surgery)."""
     model = load_hf(folder)
-    layer, head = attr.parse_component(component)
+    layer, head = ares.parse_component(component)
     block = model.gpt_neox.layers[layer]
     with torch.no_grad():
         if head is None:
@@ -225,8 +229,8 @@ def test_zero_ablation_importance_equals_weight_surgery(trained_folder, bridge):
     clean_model = load_hf(trained_folder)
     clean = exact_match_accuracy(lambda t: clean_model(t).logits, "reverse", 1, n, seed)
     assert 0.2 < clean < 1.0  # the test can see a drop
-    C = attr.causal_importance(bridge, "reverse", 1, n_examples=n, seed=seed, mode="zero")
-    want = [clean - _zeroed_accuracy(trained_folder, c, 1, n, seed) for c in attr.component_order(N_LAYERS, N_HEADS)]
+    C = measures.causal_importance(bridge, "reverse", 1, n_examples=n, seed=seed, mode="zero")
+    want = [clean - _zeroed_accuracy(trained_folder, c, 1, n, seed) for c in ares.component_order(N_LAYERS, N_HEADS)]
     np.testing.assert_allclose(C, want, atol=1e-6)  # one example is 1/200
     assert np.max(np.abs(C)) > 0.05  # some ablation matters
 
@@ -240,14 +244,14 @@ def test_one_pass_exact_match_equals_greedy_decoding(trained_folder, bridge):
     model = load_hf(trained_folder)
     clean_fn = lambda t: model(t).logits  # noqa: E731
     for length in (1, 2):
-        fast = attr.greedy_exact_match_per_example(clean_fn, "reverse", length, 120, 7, batch_size=50)
+        fast = measures.greedy_exact_match_per_example(clean_fn, "reverse", length, 120, 7, batch_size=50)
         slow = exact_match_per_example(clean_fn, "reverse", length, 120, 7)
         assert torch.equal(fast, slow)
         assert length == 2 or 0 < int(slow.sum()) < 120  # length 1: some right, some wrong
-    ablation = attr._ablation_of(["L0H1", "L1MLP"], "mean")
+    ablation = measures._ablation_of(["L0H1", "L1MLP"], "mean")
     tokens, _ = make_sequence_batch("reverse", 1, 120, 7)
     fn = ablated_logits_fn(bridge, ablation, compute_means(bridge, tokens, ablation))
-    fast = attr.greedy_exact_match_per_example(fn, "reverse", 1, 120, 7)
+    fast = measures.greedy_exact_match_per_example(fn, "reverse", 1, 120, 7)
     slow = exact_match_per_example(fn, "reverse", 1, 120, 7)
     assert torch.equal(fast, slow) and int(slow.sum()) < int(exact_match_per_example(clean_fn, "reverse", 1, 120, 7).sum())
 
@@ -276,7 +280,7 @@ def test_mean_ablation_of_a_head_equals_a_hand_hook(trained_folder, bridge):
     handle = dense.register_forward_pre_hook(replace)
     ablated = exact_match_accuracy(lambda t: model(t).logits, "reverse", length, n, seed)
     handle.remove()
-    C = attr.causal_importance(bridge, "reverse", length, n_examples=n, seed=seed, mode="mean", components=["L0H0"])
+    C = measures.causal_importance(bridge, "reverse", length, n_examples=n, seed=seed, mode="mean", components=["L0H0"])
     assert abs(clean - ablated) > 0.05  # the hand hook really ablates something
     assert C[0] == pytest.approx(clean - ablated, abs=1e-6)  # one example is 1/150
 
@@ -287,42 +291,42 @@ def test_mean_ablation_of_a_head_equals_a_hand_hook(trained_folder, bridge):
 def test_rank_differences_and_classes_extremes():
     G = np.arange(20, 0, -1, dtype=float)  # 20 .. 1
     C = np.arange(1, 21, dtype=float)  # 1 .. 20
-    rank_g, rank_c, d = attr.rank_differences(G, C)
+    rank_g, rank_c, d = ares.rank_differences(G, C)
     np.testing.assert_array_equal(rank_g, G)
     np.testing.assert_array_equal(d, 21 - 2 * np.arange(1, 21))  # 19, 17, ..., -19
-    classes = attr.classify_components(d, 6, "paper")
+    classes = ares.classify_components(d, 6, "paper")
     # the largest gradients have the smallest effects: bloats; the reverse: heroes
     assert classes[:7] == ("bloat",) * 7 and classes[7:13] == ("aligned",) * 6 and classes[13:] == ("hero",) * 7
-    assert attr.classify_components(d, 6, "reference") == classes  # no d is exactly 6
-    rho, _ = attr.spearman(G, C)
+    assert ares.classify_components(d, 6, "reference") == classes  # no d is exactly 6
+    rho, _ = ares.spearman(G, C)
     assert rho == pytest.approx(-1.0)
 
 
 def test_threshold_rules_at_exactly_six():
     G, C = [7, 1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6, 7]
-    _, _, d = attr.rank_differences(G, C)
+    _, _, d = ares.rank_differences(G, C)
     np.testing.assert_array_equal(d, [6, -1, -1, -1, -1, -1, -1])
-    assert attr.classify_components(d, 6, "paper")[0] == "bloat"
-    assert attr.classify_components(d, 6, "reference")[0] == "aligned"
-    _, _, d = attr.rank_differences(C, G)  # small gradient, large effect
+    assert ares.classify_components(d, 6, "paper")[0] == "bloat"
+    assert ares.classify_components(d, 6, "reference")[0] == "aligned"
+    _, _, d = ares.rank_differences(C, G)  # small gradient, large effect
     assert d[0] == -6
-    assert attr.classify_components(d, 6, "paper")[0] == "hero"
-    assert attr.classify_components(d, 6, "reference")[0] == "aligned"
+    assert ares.classify_components(d, 6, "paper")[0] == "hero"
+    assert ares.classify_components(d, 6, "reference")[0] == "aligned"
     with pytest.raises(HeadLabError):
-        attr.classify_components(d, 6, "median")
+        ares.classify_components(d, 6, "median")
 
 
 def test_ranks_average_ties_and_rho_undefined_for_constants():
-    rank_g, rank_c, d = attr.rank_differences([1.0, 1.0, 2.0], [0.0, 5.0, 1.0])
+    rank_g, rank_c, d = ares.rank_differences([1.0, 1.0, 2.0], [0.0, 5.0, 1.0])
     np.testing.assert_array_equal(rank_g, [1.5, 1.5, 3.0])
     np.testing.assert_array_equal(d, [0.5, -1.5, 1.0])
-    assert attr.spearman([1, 2, 3], [0, 0, 0]) == (None, None)
+    assert ares.spearman([1, 2, 3], [0, 0, 0]) == (None, None)
     with pytest.raises(HeadLabError):
-        attr.rank_differences([1, 2], [1, 2, 3])
+        ares.rank_differences([1, 2], [1, 2, 3])
 
 
 def test_per_layer_summary_counts():
-    rows = attr.per_layer_summary(
+    rows = ares.per_layer_summary(
         ["L0H0", "L0H1", "L0MLP", "L1H0", "L1H1", "L1MLP"], ["bloat", "bloat", "aligned", "hero", "aligned", "hero"]
     )
     assert rows == (
@@ -332,31 +336,31 @@ def test_per_layer_summary_counts():
 
 
 def test_superadditivity_paper_example_and_undefined_cases():
-    ratio_mean, ratio_sum, reason = attr.superadditivity(0.438, [0.031, 0.031, 0.031])
+    ratio_mean, ratio_sum, reason = ares.superadditivity(0.438, [0.031, 0.031, 0.031])
     assert round(ratio_mean, 1) == 14.1 and reason == ""
     assert ratio_sum == pytest.approx(0.438 / 0.093)
-    ratio_mean, ratio_sum, _ = attr.superadditivity(0.3, [0.1, 0.2])
+    ratio_mean, ratio_sum, _ = ares.superadditivity(0.3, [0.1, 0.2])
     assert ratio_mean == pytest.approx(2.0) and ratio_sum == pytest.approx(1.0)
     for singles in ([0.05], [], [0.0, 0.0], [-0.02, 0.01]):
-        ratio_mean, ratio_sum, reason = attr.superadditivity(0.4, singles)
+        ratio_mean, ratio_sum, reason = ares.superadditivity(0.4, singles)
         assert ratio_mean is None and ratio_sum is None and reason.startswith("undefined")
-    none = attr.joint_ablation("bloats", [], [], None, 0.5)
+    none = ares.joint_ablation("bloats", [], [], None, 0.5)
     assert none.joint_damage is None and "no bloats" in none.reason
 
 
 def _result(name: str, G, C, clean=0.5, joint=0.3, settings=None):
-    components = attr.component_order(2, 2)
-    settings = settings or attr.AttributionSettings(task="sort", threshold=2)
-    return attr.assemble_result(name, "step1", components, G, C, clean, {8: 0.5, 9: 0.3}, 8, settings, lambda members: joint)
+    components = ares.component_order(2, 2)
+    settings = settings or ares.AttributionSettings(task="sort", threshold=2)
+    return ares.assemble_result(name, "step1", components, G, C, clean, {8: 0.5, 9: 0.3}, 8, settings, lambda members: joint)
 
 
 def test_assemble_result_joint_ablations_and_json_roundtrip():
     G = [6, 5, 4, 3, 2, 1]
     C = [0.01, 0.02, 0.1, 0.2, 0.3, 0.4]  # ranks 1..6; d = 5, 3, 1, -1, -3, -5
     calls = []
-    result = attr.assemble_result(
-        "m", None, attr.component_order(2, 2), G, C, 0.6, {8: 0.6}, 8,
-        attr.AttributionSettings(task="reverse", threshold=3), lambda members: calls.append(tuple(members)) or 0.45,
+    result = ares.assemble_result(
+        "m", None, ares.component_order(2, 2), G, C, 0.6, {8: 0.6}, 8,
+        ares.AttributionSettings(task="reverse", threshold=3), lambda members: calls.append(tuple(members)) or 0.45,
     )
     assert result.classes == ("bloat", "bloat", "aligned", "aligned", "hero", "hero")
     assert calls == [("L0H0", "L0H1"), ("L1H1", "L1MLP")]
@@ -365,7 +369,7 @@ def test_assemble_result_joint_ablations_and_json_roundtrip():
     assert result.joint_bloats.ratio_to_mean == pytest.approx(0.45 / 0.015)
     assert result.joint_heroes.ratio_to_sum == pytest.approx(0.45 / 0.7)
     np.testing.assert_allclose(result.ablated_accuracy, 0.6 - np.array(C))
-    again = attr.AttributionResult.from_json(json.loads(json.dumps(result.to_json())))
+    again = ares.AttributionResult.from_json(json.loads(json.dumps(result.to_json())))
     assert again == result
 
 
@@ -376,7 +380,7 @@ def test_summary_over_seeds():
         _result("s1", [6, 5, 4, 3, 2, 1], C),  # rho -1
         _result("s2", [1, 2, 3, 4, 6, 5], C),  # rho = 1 - 6*2/(6*35) = 0.942857
     ]
-    summary = attr.summarize(results, skipped=[("s3", "no OOD length")])
+    summary = ares.summarize(results, skipped=[("s3", "no OOD length")])
     rhos = [1.0, -1.0, 1 - 6 * 2 / (6 * 35)]
     assert summary.rho_mean == pytest.approx(np.mean(rhos))
     assert summary.rho_std == pytest.approx(np.std(rhos))
@@ -388,10 +392,10 @@ def test_summary_over_seeds():
     assert summary.per_layer == ({"layer": 0, "heroes": 0, "bloats": 2}, {"layer": 1, "heroes": 2, "bloats": 0})
     assert summary.joint["bloats"]["ratio_to_mean_mean"] == pytest.approx(0.3 / 0.05)
     assert summary.skipped == (("s3", "no OOD length"),)
-    assert attr.AttributionSummary.from_json(json.loads(json.dumps(summary.to_json()))) == summary
-    other = _result("s4", [1, 2, 3, 4, 5, 6], C, settings=attr.AttributionSettings(task="sort", threshold=3))
+    assert ares.AttributionSummary.from_json(json.loads(json.dumps(summary.to_json()))) == summary
+    other = _result("s4", [1, 2, 3, 4, 5, 6], C, settings=ares.AttributionSettings(task="sort", threshold=3))
     with pytest.raises(HeadLabError):
-        attr.summarize(results + [other])
+        ares.summarize(results + [other])
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -399,40 +403,40 @@ def test_summary_over_seeds():
 
 def test_task_checks():
     model = random_hhg_model()
-    attr.check_model_for_task(model, "reverse")
+    measures.check_model_for_task(model, "reverse")
     with pytest.raises(HeadLabError, match="trained for 'sort'"):
-        attr.check_model_for_task(model, "reverse", manifest_task="sort")
+        measures.check_model_for_task(model, "reverse", manifest_task="sort")
     with pytest.raises(HeadLabError):
-        attr.check_model_for_task(model, "copy")
+        measures.check_model_for_task(model, "copy")
     from tests.tiny_models import tiny_model
 
     with pytest.raises(HeadLabError, match="260-token vocabulary"):
-        attr.check_model_for_task(tiny_model("gpt_neox"), "reverse")
+        measures.check_model_for_task(tiny_model("gpt_neox"), "reverse")
 
 
 def test_zoo_model_trained_for_another_task(tmp_path, monkeypatch):
-    from core.model.loading import ModelRef
+    from core.model.refs import ModelRef
 
     monkeypatch.setenv("HEADLAB_HOME", str(tmp_path))
     folder = tmp_path / "zoo" / "sorter"
     folder.mkdir(parents=True)
     (folder / "manifest.json").write_text(json.dumps({"name": "sorter", "task": "sort", "checkpoints": []}))
     with pytest.raises(HeadLabError, match="trained for 'sort', not 'reverse'"):
-        attr.analyze_ref(ModelRef("sorter", "zoo"), attr.AttributionSettings(task="reverse"))
+        attr.analyze_ref(ModelRef("sorter", "zoo"), ares.AttributionSettings(task="reverse"))
 
 
 def test_ood_lengths_without_valid_samples():
     for bad in (5, 0, 41, 8.5):
         with pytest.raises(HeadLabError):
-            attr.check_ood_length(bad)
+            ares.check_ood_length(bad)
     with pytest.raises(HeadLabError):
-        attr.AttributionSettings(task="reverse", ood_length=3)
+        ares.AttributionSettings(task="reverse", ood_length=3)
     model = random_hhg_model()
     fn = lambda t: model(t).logits  # noqa: E731  a random model solves nothing
-    with pytest.raises(attr.NoOODLengthError, match="solves none"):
-        attr.pick_ood_length(fn, "reverse", 20, 0, ood_length=9)
-    with pytest.raises(attr.NoOODLengthError, match="solves none of them; check that it was trained for reverse"):
-        attr.pick_ood_length(fn, "reverse", 20, 0)
+    with pytest.raises(measures.NoOODLengthError, match="solves none"):
+        measures.pick_ood_length(fn, "reverse", 20, 0, ood_length=9)
+    with pytest.raises(measures.NoOODLengthError, match="solves none of them; check that it was trained for reverse"):
+        measures.pick_ood_length(fn, "reverse", 20, 0)
 
 
 def test_mixture_of_experts_model_gets_a_heads_only_analysis(tmp_path):
@@ -440,7 +444,8 @@ def test_mixture_of_experts_model_gets_a_heads_only_analysis(tmp_path):
     its heads only, and the result says so."""
     from transformers import AutoModelForCausalLM, OlmoeConfig
 
-    from core.model.loading import ModelRef, load_model
+    from core.model.loading import load_model
+    from core.model.refs import ModelRef
 
     config = OlmoeConfig(
         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, hidden_size=32, intermediate_size=32,
@@ -454,7 +459,7 @@ def test_mixture_of_experts_model_gets_a_heads_only_analysis(tmp_path):
     gen = torch.Generator().manual_seed(0)
     for _ in range(60):  # reversal of 1-2 numbers: enough for a non-zero accuracy at length 1
         tokens, mask = make_sequence_batch("reverse", [1, 2], 64, gen)
-        loss = attr.answer_loss(model(tokens).logits, tokens, mask)
+        loss = measures.answer_loss(model(tokens).logits, tokens, mask)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -462,13 +467,13 @@ def test_mixture_of_experts_model_gets_a_heads_only_analysis(tmp_path):
     hf_model = AutoModelForCausalLM.from_pretrained(str(tmp_path), attn_implementation="eager").eval()
     bridge = load_model(ModelRef.parse(str(tmp_path)))
     stages = []
-    settings = attr.AttributionSettings(task="reverse", n_batches=1, batch_size=8, n_examples=80, ood_length=1, threshold=2)
+    settings = ares.AttributionSettings(task="reverse", n_batches=1, batch_size=8, n_examples=80, ood_length=1, threshold=2)
     result = attr.analyze_model(hf_model, bridge, settings, "moe", None, progress=lambda s, d, t: stages.append(s))
     assert result.components == ("L0H0", "L0H1", "L1H0", "L1H1") and len(result.G) == len(result.C) == 4
     assert any(note.startswith("reduced analysis") for note in result.notes)
     assert result.clean_accuracy > 0 and result.per_layer[0]["layer"] == 0
     assert {"clean accuracy per OOD length", "gradients", "ablations"} <= set(stages)
-    assert attr.AttributionResult.from_json(json.loads(json.dumps(result.to_json()))) == result
+    assert ares.AttributionResult.from_json(json.loads(json.dumps(result.to_json()))) == result
 
 
 def test_stored_results_grouped_by_settings(tmp_path, monkeypatch):
@@ -481,9 +486,9 @@ def test_stored_results_grouped_by_settings(tmp_path, monkeypatch):
     C = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5]
     for name, G in (("a", [1, 2, 3, 4, 5, 6]), ("b", [6, 5, 4, 3, 2, 1]), ("f", [6, 5, 4, 3, 2, 1])):
         atomic_write_json(folder / f"{name}.json", _result(name, G, C).to_json())
-    atomic_write_json(folder / "0c.json", _result("c", [1, 2, 3, 4, 6, 5], C, settings=attr.AttributionSettings(task="sort", threshold=3)).to_json())
-    atomic_write_json(folder / "d.json", _result("d", [1, 2, 3, 4, 6, 5], C, settings=attr.AttributionSettings(task="reverse")).to_json())
-    sort_settings = attr.AttributionSettings(task="sort", threshold=2)
+    atomic_write_json(folder / "0c.json", _result("c", [1, 2, 3, 4, 6, 5], C, settings=ares.AttributionSettings(task="sort", threshold=3)).to_json())
+    atomic_write_json(folder / "d.json", _result("d", [1, 2, 3, 4, 6, 5], C, settings=ares.AttributionSettings(task="reverse")).to_json())
+    sort_settings = ares.AttributionSettings(task="sort", threshold=2)
     atomic_write_json(folder / "e.skipped.json", {"model": "e", "revision": "step1", "reason": "no OOD length", "settings": sort_settings.to_json()})
     (folder / "broken.json").write_text("{not json")
     atomic_write_json(folder / "summary-paper-sort.json", {"not": "a result"})
@@ -500,7 +505,7 @@ def test_stored_results_grouped_by_settings(tmp_path, monkeypatch):
     assert len(attr.stored_summaries()) == 3
     assert attr.stored_result("a", sort_settings, "step1").model == "a"
     assert attr.stored_result("a", sort_settings, "step9") is None  # another checkpoint
-    assert attr.stored_result("a", attr.AttributionSettings(task="sort"), "step1") is None  # other settings
+    assert attr.stored_result("a", ares.AttributionSettings(task="sort"), "step1") is None  # other settings
     assert attr.sequence_zoo_models() == {"b": "sort"}
 
 
@@ -509,7 +514,7 @@ def test_stored_results_grouped_by_settings(tmp_path, monkeypatch):
 
 def _args(**overrides) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    attr.add_attribution_arguments(parser)
+    cli.add_attribution_arguments(parser)
     args = parser.parse_args(["--task", "reverse"])
     for key, value in overrides.items():
         setattr(args, key, value)
@@ -517,9 +522,9 @@ def _args(**overrides) -> argparse.Namespace:
 
 
 def test_cli_one_model(trained_folder):
-    out = attr.cli_attribution(_args(model=str(trained_folder), ood_length=1, n_batches=2, batch_size=8, n_examples=60))
-    result = attr.AttributionResult.from_json(out)
-    assert result.components == attr.component_order(N_LAYERS, N_HEADS)
+    out = cli.cli_attribution(_args(model=str(trained_folder), ood_length=1, n_batches=2, batch_size=8, n_examples=60))
+    result = ares.AttributionResult.from_json(out)
+    assert result.components == ares.component_order(N_LAYERS, N_HEADS)
     assert result.ood_length == 1 and set(result.accuracy_by_length) == {1, 8, 9, 10, 11}
     assert result.clean_accuracy == pytest.approx(result.accuracy_by_length[1])
     assert len(result.G) == 6 and all(g > 0 for g in result.G)
@@ -540,20 +545,20 @@ def test_preset_run_is_resumable(tmp_path, monkeypatch, trained_folder):
         (tmp_path / "zoo" / name / "manifest.json").write_text(json.dumps(manifest))
     monkeypatch.setattr(attr, "preset_models", lambda preset, task: names + ["tiny-reverse-s2"])
     args = _args(zoo_preset="tiny", ood_length=1, n_batches=1, batch_size=4, n_examples=40, no_progress=True)
-    first = attr.cli_attribution(args)
+    first = cli.cli_attribution(args)
     assert first["models"] == ["tiny-reverse-s0"] and first["n_models"] == 1
     skipped = dict(first["skipped"])
     assert skipped["tiny-reverse-s2"] == "not trained" and "solves none" in skipped["tiny-reverse-s1"]
     assert first["rhos"][0] == first["rho_mean"] and first["rho_std"] == 0.0
     stored = tmp_path / "reports" / "attribution" / "tiny-reverse-s0.json"
-    assert attr.AttributionResult.from_json(json.loads(stored.read_text())).revision == "step0000100"
+    assert ares.AttributionResult.from_json(json.loads(stored.read_text())).revision == "step0000100"
     assert (tmp_path / "reports" / "attribution" / "tiny-reverse-s1.skipped.json").is_file()
 
     def fail(*a, **k):
         raise AssertionError("a stored result was recomputed")
 
     monkeypatch.setattr(attr, "analyze_ref", fail)
-    second = attr.cli_attribution(args)  # everything comes from the stored files
+    second = cli.cli_attribution(args)  # everything comes from the stored files
     assert second["rhos"] == first["rhos"] and second["skipped"] == first["skipped"]
     with pytest.raises(AssertionError):  # other settings are not reused
-        attr.cli_attribution(_args(zoo_preset="tiny", ood_length=1, n_batches=2, batch_size=4, n_examples=40, no_progress=True))
+        cli.cli_attribution(_args(zoo_preset="tiny", ood_length=1, n_batches=2, batch_size=4, n_examples=40, no_progress=True))

@@ -10,12 +10,19 @@ import json
 import numpy as np
 import pytest
 
-from core.ablation.engine import METRICS, AblationResult, ConditionMetrics, ControlSets, DAMAGE_SIGN
-from core.pipelines.coactivation import (CoactivationReport, Proposal, check_ks, default_ks, default_settings, default_size_bounds,
-                               default_top_k, propose, route_analysis, router_matrix, split_closure, supervised_labels)
+from core.ablation.spec import ConditionMetrics
+from core.ablation.study import AblationResult
+from core.bench.ising import gibbs_sample
 from core.errors import HeadLabError
 from core.heads import HeadSet
-from core.stats.ising import binarize_at_median, gibbs_sample, null_z
+from core.pipelines.closure import split_closure
+from core.pipelines.coactivation import (CoactivationReport, CoactivationSettings, IsingProposal, check_ks, coactivation,
+                                         default_ks, default_settings, default_size_bounds, default_top_k, propose,
+                                         route_analysis, router_matrix, supervised_labels)
+from core.stats.controls import ControlSets
+from core.stats.inference import DAMAGE_SIGN, METRICS
+from core.stats.routes import null_z
+from core.stats.spins import binarize_at_median
 
 N_HEAD = 4
 
@@ -93,7 +100,7 @@ def test_supervised_labels_take_the_top_k_heads_and_rename_unspecialized():
 
 def test_propose_recovers_planted_communities(planted):
     spins, community, labels = planted
-    p = propose(spins, labels, n_head=N_HEAD, ks=(2, 3, 4), min_size=2, max_size=6)
+    p = propose(spins, labels, CoactivationSettings(ks=(2, 3, 4), min_size=2, max_size=6), n_head=N_HEAD)
     assert p.k == p.scores.best_k == 3 and p.k_rule == "best ARI"
     assert p.scores.metric(3).ari == pytest.approx(1.0) and p.scores.metric(3).purity == pytest.approx(1.0)
     # every community of the candidate clustering is one planted community
@@ -117,25 +124,25 @@ def test_propose_recovers_planted_communities(planted):
 
 def test_propose_fixed_k_and_json_roundtrip(planted):
     spins, _, labels = planted
-    p = propose(spins, labels, n_head=N_HEAD, ks=(2, 3), k=4, min_size=2, max_size=6)
+    p = propose(spins, labels, CoactivationSettings(ks=(2, 3), k=4, min_size=2, max_size=6), n_head=N_HEAD)
     assert p.k == 4 and p.k_rule == "fixed" and p.selection.k == 4 and len(p.selection.clusters) == 4
-    back = Proposal.from_json(json.loads(json.dumps(p.to_json())))
+    back = IsingProposal.from_json(json.loads(json.dumps(p.to_json())))
     assert back.to_json() == p.to_json()
 
 
 def test_propose_bad_inputs(planted):
     spins, _, labels = planted
     with pytest.raises(HeadLabError, match="k = 12 is not possible with 12 heads"):
-        propose(spins, labels, n_head=N_HEAD, ks=(3, 12))
+        propose(spins, labels, CoactivationSettings(ks=(3, 12)), n_head=N_HEAD)
     with pytest.raises(HeadLabError, match="k = 1 clusters is not possible"):
-        propose(spins, labels, n_head=N_HEAD, ks=(3,), k=1)
+        propose(spins, labels, CoactivationSettings(ks=(3,), k=1), n_head=N_HEAD)
     with pytest.raises(HeadLabError, match="10 examples for 12 heads"):
-        propose(spins[:10], labels, n_head=N_HEAD, ks=(3,))
+        propose(spins[:10], labels, CoactivationSettings(ks=(3,)), n_head=N_HEAD)
     flat = spins.copy()
     flat[:, 5] = -1  # head L1H1 never fires
     with pytest.raises(HeadLabError, match=r"never change sign \(L1H1\)"):
-        propose(flat, labels, n_head=N_HEAD, ks=(3,))
-    kept = propose(flat, labels, n_head=N_HEAD, ks=(3,), constant="zero", min_size=2, max_size=6)
+        propose(flat, labels, CoactivationSettings(ks=(3,)), n_head=N_HEAD)
+    kept = propose(flat, labels, CoactivationSettings(ks=(3,), min_size=2, max_size=6), n_head=N_HEAD, constant="zero")
     assert kept.fit.constant_heads == (5,) and not kept.fit.J[5].any()
 
 
@@ -164,7 +171,7 @@ def routed():
 
 def test_route_analysis_finds_the_stratum_and_scores_it_against_its_null(routed):
     spins, router, labels = routed
-    r = route_analysis(spins, router, labels, n_head=N_HEAD, ks=(2, 3), n_strata=2, n_null=4)
+    r = route_analysis(spins, router, labels, CoactivationSettings(ks=(2, 3), n_strata=2, n_null=4), n_head=N_HEAD)
     strata = np.asarray(r.strata)
     assert len(set(strata[:600])) == 1 and len(set(strata[600:])) == 1 and strata[0] != strata[-1]
     assert sorted(r.sizes) == [400, 600] and r.sizes[strata[0]] == 600
@@ -248,7 +255,7 @@ def test_split_closure_with_one_control_is_inconclusive():
 
 def _report(planted_fixture, closure=None, route=None) -> CoactivationReport:
     spins, _, labels = planted_fixture
-    p = propose(spins, labels, n_head=N_HEAD, ks=(2, 3, 4), min_size=2, max_size=6)
+    p = propose(spins, labels, CoactivationSettings(ks=(2, 3, 4), min_size=2, max_size=6), n_head=N_HEAD)
     classes = tuple(tuple(labels[(l, h)] for h in range(N_HEAD)) for l in range(3))
     return CoactivationReport(model="hand-made", revision="r", tokens=0, probe_spec={"task": "induction"}, shape=(3, N_HEAD),
                               settings={"class_threshold": 30.0}, classes=classes, labels=labels, proposal=p,
@@ -338,10 +345,8 @@ N_ZOO = 128
 
 @pytest.mark.zoo
 def test_dense_induction_model_end_to_end(quick_zoo):
-    from core.model.loading import ModelRef
-    from core.pipelines.recipe import probe_spec
-
-    from core.pipelines.coactivation import coactivation
+    from core.model.refs import ModelRef
+    from core.tasks.specs import probe_spec
 
     report = coactivation(ModelRef.parse("induction-neox"), None, probe_spec("induction", N_ZOO, 64))
     assert report.shape == (3, 12) and len(report.labels) == 16
@@ -364,13 +369,11 @@ def test_dense_induction_model_end_to_end(quick_zoo):
 
 @pytest.mark.zoo
 def test_moe_route_conditional_end_to_end(quick_zoo):
-    from core.model.loading import ModelRef
-    from core.pipelines.recipe import probe_spec
-
-    from core.pipelines.coactivation import coactivation
+    from core.model.refs import ModelRef
+    from core.tasks.specs import probe_spec
 
     report = coactivation(ModelRef.parse("induction-olmoe"), None, probe_spec("induction", N_ZOO, 64),
-                          route_conditional=True)
+                          CoactivationSettings(route_conditional=True))
     r = report.route
     assert r.n_strata == 4 and sum(r.sizes) == N_ZOO and len(r.strata) == N_ZOO
     assert list(r.sizes) == np.bincount(r.strata, minlength=4).tolist()
@@ -388,30 +391,28 @@ def test_moe_route_conditional_end_to_end(quick_zoo):
 @pytest.mark.zoo
 def test_bad_inputs_on_the_zoo(quick_zoo):
     from core.__main__ import main
-    from core.model.loading import ModelRef
-    from core.pipelines.recipe import probe_spec
-
-    from core.pipelines.coactivation import coactivation
+    from core.model.refs import ModelRef
+    from core.tasks.specs import probe_spec
 
     dense = ModelRef.parse("induction-neox")
     with pytest.raises(HeadLabError, match="this model has no routers"):
-        coactivation(dense, None, probe_spec("induction", N_ZOO, 64), route_conditional=True, run_closure=False)
+        coactivation(dense, None, probe_spec("induction", N_ZOO, 64),
+                     CoactivationSettings(route_conditional=True, run_closure=False))
     with pytest.raises(HeadLabError, match="32 examples for 36 heads"):
-        coactivation(dense, None, probe_spec("induction", 32, 64), run_closure=False)
+        coactivation(dense, None, probe_spec("induction", 32, 64), CoactivationSettings(run_closure=False))
     with pytest.raises(HeadLabError, match="k = 40 is not possible with 36 heads"):
-        coactivation(dense, None, probe_spec("induction", N_ZOO, 64), ks=(4, 40), run_closure=False)
+        coactivation(dense, None, probe_spec("induction", N_ZOO, 64), CoactivationSettings(ks=(4, 40), run_closure=False))
     with pytest.raises(HeadLabError, match="k = 8 is not possible with 8 heads"):
-        coactivation(ModelRef.parse("induction-olmoe"), None, probe_spec("induction", N_ZOO, 64), ks=(2, 8),
-                     run_closure=False)
+        coactivation(ModelRef.parse("induction-olmoe"), None, probe_spec("induction", N_ZOO, 64),
+                     CoactivationSettings(ks=(2, 8), run_closure=False))
     assert main(["coactivation", "induction-neox", "--n", str(N_ZOO), "--route-conditional", "--no-closure"]) == 2
 
 
 @pytest.mark.zoo
 def test_natural_text_probe_runs(quick_zoo):
-    from core.model.loading import ModelRef
-    from core.pipelines.recipe import probe_spec
+    from core.model.refs import ModelRef
+    from core.tasks.specs import probe_spec
 
-    from core.pipelines.coactivation import coactivation
-
-    report = coactivation(ModelRef.parse("induction-olmoe"), None, probe_spec("text", 64, 64), run_closure=False)
+    report = coactivation(ModelRef.parse("induction-olmoe"), None, probe_spec("text", 64, 64),
+                          CoactivationSettings(run_closure=False))
     assert report.probe_spec["task"] == "text" and report.proposal.n_examples == 64 and report.closure is None

@@ -15,12 +15,23 @@ import numpy as np
 import pytest
 import torch
 
-from core.figures.theme import PAPER_HEIGHT, PAPER_SCALE, PAPER_WIDTH
-from core.figures import bundle as figures
-from core.ablation.engine import (AblationResult, ConditionMetrics, ControlSets, closure_verdict, condition_stats,
-                           recipe_verdict)
+from core.ablation.spec import ConditionMetrics
+from core.ablation.study import AblationResult, condition_stats, example_damage, worst_examples
+from core.cli.export import _formats, add_export_arguments, cli_export
+from core.errors import HeadLabError
+from core.figures._style import PICKER, SELECTIVITY_FLOOR, heads_from_points
+from core.figures.ablation import ablation_strip, head_grid, per_example_damage
+from core.figures.bundle import export_bundle, figure_bytes, paper_version
+from core.figures.inspector import attention_pattern, attention_row
+from core.figures.screen import ScreenMarks, class_map, selectivity_heatmap
+from core.figures.spectral import pr_integral_ranking, pr_trajectories
+from core.figures.theme import CLASS_COLORS, FADED, PAPER_HEIGHT, PAPER_SCALE, PAPER_WIDTH
 from core.heads import HeadSet
+from core.stats.controls import ControlSets
+from core.stats.inference import closure_verdict, recipe_verdict
+from core.stats.selectivity import ScreenResult
 from core.stats.spectral import SpectralResult
+from tests.tiny_models import make_fake_zoo
 
 CHROMIUM = Path("/usr/bin/chromium")
 needs_chromium = pytest.mark.skipif(not CHROMIUM.exists(), reason="figure export needs Debian's chromium at /usr/bin/chromium")
@@ -64,7 +75,7 @@ def ablation_result() -> AblationResult:
 
 def test_pr_trajectories_plot_core_numbers_on_log_tokens():
     res = spectral()
-    bundle = figures.pr_trajectories(res, "m", {"task": "induction"}, highlight=[(1, 2)], current_tokens=1000)
+    bundle = pr_trajectories(res, "m", {"task": "induction"}, highlight=[(1, 2)], current_tokens=1000)
     assert len(bundle.figure.data) == 6  # one line per head
     line = bundle.figure.data[5]  # L1H2
     assert line.customdata[0] == "L1H2" and line.line.width > bundle.figure.data[0].line.width
@@ -77,22 +88,22 @@ def test_pr_trajectories_plot_core_numbers_on_log_tokens():
 
 def test_pr_integral_ranking_colours_top_k():
     res = spectral()
-    bundle = figures.pr_integral_ranking(res, "m", {})
+    bundle = pr_integral_ranking(res, "m", {})
     bar = bundle.figure.data[0]
     assert list(bar.x[:2]) == ["L1H2", "L0H1"]
     assert bar.y[0] == pytest.approx(float(res.integral[1, 2]))
-    assert bar.marker.color[2] == figures.FADED and bar.marker.color[0] != figures.FADED
+    assert bar.marker.color[2] == FADED and bar.marker.color[0] != FADED
     assert [r["top_k"] for r in bundle.rows[:3]] == [True, True, False]
 
 
 def test_selectivity_heatmap_marks_thresholds_and_null_floor():
     sel = np.array([[1.0, 40.0, 60.0], [3.0, 0.0, 100.0]])  # [layer, head]
     membership = np.array([[0.5, 9.0, 20.0], [1.0, 0.0, 12.5]])  # against the uniform baseline
-    bundle = figures.selectivity_heatmap(sel, "induction", "m", {}, "s3", 1e5, 30, noise_floor=3.0,
-                                         membership=membership, induction_threshold=12.5)
+    marks = ScreenMarks(30, noise_floor=3.0, membership=membership, induction_threshold=12.5)
+    bundle = selectivity_heatmap(sel, "induction", "m", {}, "s3", 1e5, marks)
     heat = bundle.figure.data[0]
     assert np.array_equal(np.asarray(heat.customdata), sel)  # raw selectivity, exactly
-    assert np.allclose(np.asarray(heat.z), np.log10(np.maximum(sel, figures.SELECTIVITY_FLOOR)))
+    assert np.allclose(np.asarray(heat.z), np.log10(np.maximum(sel, SELECTIVITY_FLOOR)))
     by_name = {t.name: t for t in bundle.figure.data[1:]}
     medium = next(t for n, t in by_name.items() if n.startswith("≥ 30x"))
     strong = next(t for n, t in by_name.items() if n.startswith("induction member"))
@@ -101,18 +112,31 @@ def test_selectivity_heatmap_marks_thresholds_and_null_floor():
     assert sorted(zip(strong.y, strong.x)) == [(0, 2), (1, 2)]
     assert sorted(zip(floor.y, floor.x)) == [(0, 0), (1, 0), (1, 1)]
     picker = bundle.figure.data[-1]
-    assert picker.meta == figures.PICKER and len(picker.customdata) == 6
+    assert picker.meta == PICKER and len(picker.customdata) == 6
     assert "3x" in " ".join(bundle.figure.data[0].colorbar.ticktext)
     assert [r["induction_member"] for r in bundle.rows] == [False, False, True, False, False, True]
-    other = figures.selectivity_heatmap(sel, "self", "m", {}, "s3", membership=membership, induction_threshold=12.5)
+    other = selectivity_heatmap(sel, "self", "m", {}, "s3",
+                                marks=ScreenMarks(membership=membership, induction_threshold=12.5))
     assert not any("member" in (t.name or "") for t in other.figure.data)  # membership is an induction notion
+
+
+def test_screen_marks_are_validated_and_read_from_a_screen_result():
+    with pytest.raises(HeadLabError, match="class threshold"):
+        ScreenMarks(0.0)
+    with pytest.raises(HeadLabError, match="membership"):
+        ScreenMarks(membership=np.ones(3))
+    sel = np.arange(12, dtype=float).reshape(2, 2, 3)  # [pattern, layer, head]
+    result = ScreenResult(("induction", "self"), sel, baseline="uniform", threshold=20.0, induction_threshold=10.0)
+    marks = ScreenMarks.of(result)
+    assert (marks.class_threshold, marks.baseline, marks.induction_threshold) == (20.0, "uniform", 10.0)
+    assert marks.noise_floor is None and np.array_equal(marks.membership, sel[0])  # no null drawn: no floor
 
 
 def test_class_map_colours_each_class():
     classes = np.array([["induction", "unspecialized"], ["previous-token", "induction"]], dtype=object)
-    bundle = figures.class_map(classes, "m", {}, "s3")
+    bundle = class_map(classes, "m", {}, "s3")
     heat = bundle.figure.data[0]
-    names = list(figures.CLASS_COLORS)
+    names = list(CLASS_COLORS)
     assert np.array_equal(np.asarray(heat.z), [[names.index("induction"), names.index("unspecialized")],
                                                [names.index("previous-token"), names.index("induction")]])
     legend = {t.name for t in bundle.figure.data if t.name in names}
@@ -121,7 +145,7 @@ def test_class_map_colours_each_class():
 
 def test_head_grid_is_a_scatter_of_squares_naming_heads():
     values = np.array([[1.0, 2.0], [60.0, 0.5]])
-    bundle = figures.head_grid(values, [(1, 0)], "m", "s3", "pick")
+    bundle = head_grid(values, [(1, 0)], "m", "s3", "pick")
     grid = bundle.figure.data[0]
     assert grid.type == "scatter" and grid.marker.symbol == "square"
     assert list(grid.customdata) == ["L0H0", "L0H1", "L1H0", "L1H1"]
@@ -131,12 +155,12 @@ def test_head_grid_is_a_scatter_of_squares_naming_heads():
 
 def test_heads_from_points_reads_customdata():
     points = [{"customdata": "L1H2", "x": 2, "y": 1}, {"customdata": ["L0H0"]}, {"x": 5}]
-    assert figures.heads_from_points(points) == [(0, 0), (1, 2)]
+    assert heads_from_points(points) == [(0, 0), (1, 2)]
 
 
 def test_ablation_strip_shows_candidate_controls_upper_bound_and_z():
     result = ablation_result()
-    bundle = figures.ablation_strip(result, "m", "s3")
+    bundle = ablation_strip(result, "m", "s3")
     metrics = list(result.stats)
     cands = [t for t in bundle.figure.data if t.name == "candidate"]
     assert [c.y[0] for c in cands] == [result.stats[m]["candidate_delta"] for m in metrics]
@@ -150,36 +174,36 @@ def test_ablation_strip_shows_candidate_controls_upper_bound_and_z():
 
 def test_per_example_damage_is_signed_and_sorted():
     result = ablation_result()
-    loss = figures.per_example_damage(result, "m", "s3", "loss")
+    loss = per_example_damage(result, "m", "s3", "loss")
     assert [r["example"] for r in loss.rows] == [1, 0, 2]
     assert [r["candidate_damage"] for r in loss.rows] == [2.0, 1.0, 0.0]
-    top1 = figures.per_example_damage(result, "m", "s3", "top1")  # losing top-1 is positive damage
+    top1 = per_example_damage(result, "m", "s3", "top1")  # losing top-1 is positive damage
     assert [r["candidate_damage"] for r in top1.rows] == [1.0, 1.0, 0.0]
-    assert figures.worst_examples(result, "loss", 2) == [1, 0]
+    assert worst_examples(example_damage(result.clean, result.candidate, "loss"), 2) == [1, 0]
 
 
 def test_attention_row_marks_pattern_targets():
     row = np.array([0.1, 0.0, 0.0, 0.7, 0.1, 0.1, 0.0, 0.0])
     tokens = [256, 65, 66, 67, 65, 66, 67, 65]
-    bundle = figures.attention_row(row, tokens, query_pos=7, induction_pos=2, duplicate_pos=1, head=(1, 2), example=0,
-                                   model="m", revision="s3")
+    bundle = attention_row(row, tokens, query_pos=7, induction_pos=2, duplicate_pos=1, head=(1, 2), example=0,
+                           model="m", revision="s3")
     roles = {r["key"]: r["role"] for r in bundle.rows}
     assert roles[2] == "induction (p+1)" and roles[1] == "duplicate (p)" and roles[6] == "previous (q−1)" and roles[0] == "first (0)"
     assert [r["label"] for r in bundle.rows][:2] == ["<bos>", "A"]
 
 
 def test_paper_version_is_white_serif_without_pickers_or_grid():
-    bundle = figures.selectivity_heatmap(np.ones((2, 3)), "self", "m", {}, "s3")
-    paper = figures.paper_version(bundle.figure)
-    assert all(t.meta != figures.PICKER for t in paper.data)
-    assert any(t.meta == figures.PICKER for t in bundle.figure.data)  # the screen figure is untouched
+    bundle = selectivity_heatmap(np.ones((2, 3)), "self", "m", {}, "s3")
+    paper = paper_version(bundle.figure)
+    assert all(t.meta != PICKER for t in paper.data)
+    assert any(t.meta == PICKER for t in bundle.figure.data)  # the screen figure is untouched
     assert paper.layout.width == PAPER_WIDTH and paper.layout.height == PAPER_HEIGHT
     assert "serif" in paper.layout.template.layout.font.family
     assert paper.layout.xaxis.showgrid is False and paper.layout.yaxis.showgrid is False
 
 
 def test_csv_and_json_carry_data_and_provenance():
-    bundle = figures.pr_integral_ranking(spectral(), "tiny", {"task": "induction", "n": 8})
+    bundle = pr_integral_ranking(spectral(), "tiny", {"task": "induction", "n": 8})
     rows = list(csv.DictReader(io.StringIO(bundle.csv_bytes().decode())))
     assert len(rows) == 6 and rows[0]["head_name"] == "L1H2"
     data = json.loads(bundle.json_bytes())
@@ -214,8 +238,8 @@ def check_image_files(paths: list[Path], size: tuple[int, int] | None = None) ->
 
 @needs_chromium
 def test_png_svg_pdf_exports_are_valid_files(tmp_path):
-    bundle = figures.pr_trajectories(spectral(), "tiny", {"task": "induction"}, highlight=[(1, 2)])
-    written = figures.export_bundle(bundle, tmp_path, "x-")
+    bundle = pr_trajectories(spectral(), "tiny", {"task": "induction"}, highlight=[(1, 2)])
+    written = export_bundle(bundle, tmp_path, "x-")
     assert sorted(p.name for p in written) == sorted(f"x-spectral-pr-trajectories.{s}" for s in
                                                     ("png", "svg", "pdf", "csv", "json"))
     check_image_files(written, bundle.paper_size)
@@ -227,17 +251,12 @@ def test_png_svg_pdf_exports_are_valid_files(tmp_path):
 
 @needs_chromium
 def test_unknown_image_format_is_refused():
-    from core.errors import HeadLabError
-
     with pytest.raises(HeadLabError, match="unknown image format"):
-        figures.figure_bytes(figures.pr_integral_ranking(spectral(), "m", {}).figure, "gif")
+        figure_bytes(pr_integral_ranking(spectral(), "m", {}).figure, "gif")
 
 
 @needs_chromium
 def test_cli_export_writes_every_figure_headless(tmp_path, monkeypatch):
-    from core.cli.export import add_export_arguments, cli_export
-    from tests.tiny_models import make_fake_zoo
-
     home = tmp_path / "home"
     monkeypatch.setenv("HEADLAB_HOME", str(home))
     make_fake_zoo(home / "zoo", "tiny-neox", "gpt_neox", steps=(0, 10, 100))
@@ -262,9 +281,6 @@ def test_cli_export_writes_every_figure_headless(tmp_path, monkeypatch):
 
 
 def test_cli_export_refuses_bad_formats_and_patterns(tmp_path, monkeypatch):
-    from core.errors import HeadLabError
-    from core.cli.export import _formats
-
     with pytest.raises(HeadLabError, match="unknown image format"):
         _formats("png,gif")
     assert _formats("PNG, pdf") == ("png", "pdf")
@@ -272,22 +288,18 @@ def test_cli_export_refuses_bad_formats_and_patterns(tmp_path, monkeypatch):
 
 def test_attention_pattern_windows_long_sequences_around_the_query():
     pattern = np.tril(np.ones((600, 600))) / np.arange(1, 601)[:, None]  # uniform causal attention
-    bundle = figures.attention_pattern(pattern, list(range(600)), query_pos=599, head=(0, 1), example=3,
-                                       model="m", revision="s", window=256)
+    bundle = attention_pattern(pattern, list(range(600)), query_pos=599, head=(0, 1), example=3,
+                               model="m", revision="s", window=256)
     heat = bundle.figure.data[0]
     assert list(heat.x) == list(range(344, 600)) and np.asarray(heat.z).shape == (256, 256)
     assert np.allclose(np.asarray(heat.z), pattern[344:600, 344:600])
-    small = figures.attention_pattern(pattern[:10, :10], list(range(10)), query_pos=9, head=(0, 1), example=0,
-                                      model="m", revision="s")
+    small = attention_pattern(pattern[:10, :10], list(range(10)), query_pos=9, head=(0, 1), example=0,
+                              model="m", revision="s")
     assert np.asarray(small.figure.data[0].z).shape == (10, 10)
 
 
 @needs_chromium
 def test_cli_export_ablation_of_given_heads(tmp_path, monkeypatch):
-    from core.errors import HeadLabError
-    from core.cli.export import add_export_arguments, cli_export
-    from tests.tiny_models import make_fake_zoo
-
     home = tmp_path / "home"
     monkeypatch.setenv("HEADLAB_HOME", str(home))
     make_fake_zoo(home / "zoo", "tiny-neox", "gpt_neox", steps=(0, 10))
@@ -307,9 +319,6 @@ def test_cli_export_ablation_of_given_heads(tmp_path, monkeypatch):
 @needs_chromium
 @pytest.mark.zoo
 def test_cli_export_attribution_of_a_reversal_model(quick_zoo, tmp_path):
-    from core.errors import HeadLabError
-    from core.cli.export import add_export_arguments, cli_export
-
     torch.set_num_threads(1)
     parser = argparse.ArgumentParser()
     add_export_arguments(parser)

@@ -1,4 +1,4 @@
-"""core/models.py: references, checkpoint listing, memory refusal, and raw-weight loading.
+"""core/model/: references, checkpoint listing, memory refusal, raw-weight loading and hook views.
 
 The loading tests boot tiny random-init Hugging Face models (tests/tiny_models.py) through
 TransformerBridge and check them against the Hugging Face forward pass itself.
@@ -14,26 +14,33 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from core.model import loading as models
+from core.cli.models import add_models_arguments, cli_models
 from core.errors import HeadLabError
-from core.model.loading import (
-    PYTHIA_TOKENS_PER_STEP,
-    Checkpoint,
-    ModelRef,
-    check_fits_in_memory,
-    checkpoint_path,
-    estimate_memory_bytes,
-    estimate_parameter_count,
+from core.model import loading, refs
+from core.model.hooks import (
     family_of,
     head_output_weights,
-    list_checkpoints,
+    hook_name,
+    mlp_hook_name,
+    model_shape,
+    output_bias,
+    router_logit_hooks,
+)
+from core.model.loading import (
+    check_fits_in_memory,
+    estimate_memory_bytes,
+    estimate_parameter_count,
     load_config,
     load_hf_model,
     load_model,
-    model_shape,
-    output_bias,
+)
+from core.model.refs import (
+    PYTHIA_TOKENS_PER_STEP,
+    Checkpoint,
+    ModelRef,
+    checkpoint_path,
+    list_checkpoints,
     resolve_checkpoint,
-    router_logit_hooks,
     tokens_from_revision,
 )
 from tests.tiny_models import FAMILIES, make_fake_zoo, save_tiny_model, tiny_config
@@ -115,6 +122,22 @@ def test_head_outputs_times_wo_sum_to_attention_output(saved, family):
         torch.testing.assert_close(cache[f"blocks.{layer}.attn.hook_out"], proj_out, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_hook_names_exist_on_every_family(saved, family):
+    """hook_name's table matches the bridge: attention hooks everywhere, one MLP output hook, routers on MoE."""
+    bridge = load_model(ModelRef.parse(str(saved[family])))
+    n_layers = model_shape(bridge)[0]
+    for layer in range(n_layers):
+        for kind in ("z", "pattern", "attn_out"):
+            assert hook_name(kind, layer) in bridge.hook_dict
+        assert mlp_hook_name(bridge, layer) in (hook_name("mlp_out", layer), hook_name("mlp_module_out", layer))
+        # A gated MLP's gate projection shares the router's hook name, so MoE is told by expert_indices.
+        assert (hook_name("expert_indices", layer) in bridge.hook_dict) == (family == "olmoe")
+        if family == "olmoe":
+            assert hook_name("router_logits", layer) in bridge.hook_dict
+    assert hook_name("unembed_in") in bridge.hook_dict
+
+
 @pytest.mark.parametrize("family", ["gpt_neox", "llama", "olmoe"])
 def test_head_output_weights_agree_with_transformer_lens_w_o(saved, family):
     bridge = load_model(ModelRef.parse(str(saved[family])))
@@ -149,12 +172,12 @@ def test_llama_folder_without_tokenizer_boots_with_byte_tokenizer(tmp_path):
 
 
 def test_byte_tokenizer_round_trips_utf8():
-    tok = models.byte_tokenizer()
+    tok = loading.byte_tokenizer()
     text = "def f(x): return 'héllo'\n"
     ids = tok(text)["input_ids"]
     assert ids == list(text.encode())
     assert tok.decode(ids) == text
-    assert models.byte_tokenizer(add_bos=True)(text)["input_ids"] == [256] + ids
+    assert loading.byte_tokenizer(add_bos=True)(text)["input_ids"] == [256] + ids
     assert (tok.bos_token_id, tok.pad_token_id, tok.eos_token_id, tok.sep_token_id) == (256, 257, 258, 259)
 
 
@@ -262,7 +285,7 @@ def test_parameter_estimate_matches_published_sizes():
 def test_memory_estimate_is_params_times_4_bytes_times_overhead_plus_margin():
     config = tiny_config("gpt_neox")
     params = estimate_parameter_count(config)
-    expected = int(params * 4 * models.MEMORY_OVERHEAD) + models.ACTIVATION_MARGIN_BYTES
+    expected = int(params * 4 * loading.MEMORY_OVERHEAD) + loading.ACTIVATION_MARGIN_BYTES
     assert estimate_memory_bytes(config) == expected
     assert estimate_memory_bytes(config, torch.float16) < expected
 
@@ -272,7 +295,7 @@ def test_check_fits_in_memory_refuses_and_accepts():
     with pytest.raises(HeadLabError, match=r"model needs ~0\.\d+ GB, only 0\.00 GB available"):
         check_fits_in_memory(config, available_bytes=1000)
     assert check_fits_in_memory(config, available_bytes=10**12) == estimate_memory_bytes(config)
-    assert models.available_memory_bytes() > 0
+    assert loading.available_memory_bytes() > 0
 
 
 def test_memory_refusal_comes_before_any_weight_is_read(tmp_path, monkeypatch):
@@ -281,7 +304,7 @@ def test_memory_refusal_comes_before_any_weight_is_read(tmp_path, monkeypatch):
 
     folder = save_tiny_model("gpt_neox", tmp_path / "big")
     (folder / "model.safetensors").write_bytes(b"garbage")  # reading it would fail differently
-    monkeypatch.setattr(models, "available_memory_bytes", lambda device="cpu": 1000)
+    monkeypatch.setattr(loading, "available_memory_bytes", lambda device="cpu": 1000)
 
     def no_weights(*args, **kwargs):
         raise AssertionError("weights were loaded before the memory check")
@@ -332,7 +355,7 @@ def test_tokens_from_revision_pythia_and_olmo():
     assert tokens_from_revision("EleutherAI/pythia-1b", "step512") == 512 * PYTHIA_TOKENS_PER_STEP
     assert tokens_from_revision("allenai/OLMo-1B-hf", "step20000-tokens84B") == 84_000_000_000
     assert tokens_from_revision("allenai/OLMo-1B-0724-hf", "step5000-tokens10.5B") == 10_500_000_000
-    assert models.parse_revision("allenai/OLMo-1B-hf", "step20000-tokens84B") == (20000, 84 * 10**9)
+    assert refs.parse_revision("allenai/OLMo-1B-hf", "step20000-tokens84B") == (20000, 84 * 10**9)
     for name, revision in [("EleutherAI/pythia-160m", "main"), ("gpt2/x", "step100"),
                            ("EleutherAI/pythia-160m", "step12a"), ("allenai/OLMo-1B", "tokens4B")]:
         assert tokens_from_revision(name, revision) is None
@@ -364,7 +387,7 @@ def test_local_folder_with_manifest_and_bare_local_folder(home, tmp_path):
     assert [c.revision for c in list_checkpoints(ref)] == ["step000000", "step000005"]
     assert checkpoint_path(ref, "step000005") == folder.resolve() / "checkpoints" / "step000005"
     bare = ModelRef.parse(str(folder / "checkpoints" / "step000000"))
-    assert list_checkpoints(bare) == [Checkpoint("main", 0, models.UNKNOWN_TOKENS)]
+    assert list_checkpoints(bare) == [Checkpoint("main", 0, refs.UNKNOWN_TOKENS)]
     assert checkpoint_path(bare) == Path(bare.name)
 
 
@@ -444,7 +467,7 @@ def test_offline_context_restores_settings(monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "0")
     before = hub_constants.HF_HUB_OFFLINE
-    with models._offline(True):
+    with loading._offline(True):
         assert os.environ["HF_HUB_OFFLINE"] == "1" and hub_constants.HF_HUB_OFFLINE is True
     assert "HF_HUB_OFFLINE" not in os.environ and os.environ["TRANSFORMERS_OFFLINE"] == "0"
     assert hub_constants.HF_HUB_OFFLINE == before
@@ -454,11 +477,27 @@ def test_list_zoo_and_read_manifest(home):
     make_fake_zoo(home / "zoo", "b-model", "llama", steps=(0,))
     make_fake_zoo(home / "zoo", "a-model", "gpt_neox", steps=(5, 0))
     (home / "zoo" / "no-manifest").mkdir()
-    assert models.list_zoo() == ["a-model", "b-model"]
-    manifest = models.read_manifest("a-model")
+    assert refs.list_zoo() == ["a-model", "b-model"]
+    manifest = refs.read_manifest("a-model")
     assert manifest["family"] == "gpt_neox" and len(manifest["checkpoints"]) == 2
     with pytest.raises(HeadLabError, match="unknown zoo model 'no-manifest'; zoo models: a-model, b-model"):
-        models.read_manifest("no-manifest")
+        refs.read_manifest("no-manifest")
+
+
+def test_read_manifest_of_a_folder_keeps_checkpoint_extras(home, tmp_path):
+    """One read_manifest for the zoo and for training: a folder (Path), None when missing if asked."""
+    assert refs.read_manifest(tmp_path / "absent", missing_ok=True) is None
+    assert refs.read_manifest("absent-model", missing_ok=True) is None
+    with pytest.raises(HeadLabError, match="manifest .* is unreadable"):
+        refs.read_manifest(tmp_path / "absent")
+    folder = tmp_path / "trained"
+    folder.mkdir()
+    checkpoints = [{"revision": "step000001", "step": 1, "tokens": 10, "loss": 2.5}]
+    (folder / "manifest.json").write_text(json.dumps({"name": "trained", "checkpoints": checkpoints}))
+    assert refs.read_manifest(folder)["checkpoints"] == checkpoints
+    (folder / "manifest.json").write_text(json.dumps({"name": "trained", "checkpoints": [{"step": 1}]}))
+    with pytest.raises(HeadLabError, match="manifest .* is unreadable"):
+        refs.read_manifest(folder, missing_ok=True)
 
 
 def test_cli_models_lists_zoo_and_checkpoints(home, capsys):
@@ -466,11 +505,11 @@ def test_cli_models_lists_zoo_and_checkpoints(home, capsys):
 
     make_fake_zoo(home / "zoo", "induction-neox", "gpt_neox", steps=(10, 0))
     parser = argparse.ArgumentParser()
-    models.add_models_arguments(parser)
-    result = models.cli_models(parser.parse_args([]))
+    add_models_arguments(parser)
+    result = cli_models(parser.parse_args([]))
     assert [m["name"] for m in result["models"]] == ["induction-neox"]
     assert result["models"][0]["checkpoints"] == 2
-    result = models.cli_models(parser.parse_args(["induction-neox"]))
+    result = cli_models(parser.parse_args(["induction-neox"]))
     assert [c["step"] for c in result["checkpoints"]] == [0, 10]
     assert "step000010" in capsys.readouterr().out
 

@@ -3,36 +3,31 @@
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 import torch
+from transformer_lens.model_bridge import TransformerBridge
+from transformers import AutoModelForCausalLM
 
+from core.bench.probe import bench_probe, reference_max_pass, reference_pattern_pass, reference_pr_pass
 from core.errors import HeadLabError
 from core.probe import (
     FLOAT16_ROW_LIMIT,
     FLOAT32_ROW_LIMIT,
     HeadStats,
-    _clean_metrics,
-    _pattern_summaries,
     attn_row_dtype,
-    bench_probe,
+    check_probe_fits,
     collect_head_stats,
-    reference_max_pass,
-    reference_pattern_pass,
-    reference_pr_pass,
+    pattern_summaries,
     summary_weights,
 )
 from core.stats.selectivity import baseline_positions
-from core.tasks import InductionProbeSpec, ProbeBatch, TextProbeSpec, make_induction_probe, make_text_probe
+from core.tasks import InductionProbeSpec, ProbeBatch, TextProbeSpec
 from core.tasks.probe_batch import PATTERNS
 from tests.tiny_models import save_tiny_model
 
 
 def _boot(path):
-    from transformer_lens.model_bridge import TransformerBridge
-    from transformers import AutoModelForCausalLM
-
     hf = AutoModelForCausalLM.from_pretrained(str(path), attn_implementation="eager")
     return TransformerBridge.boot_transformers(str(path), hf_model=hf).eval()
 
@@ -49,13 +44,13 @@ def olmoe_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def induction_batch():
-    return make_induction_probe(InductionProbeSpec(n_examples=10, seq_len=40, token_low=0, token_high=256, seed=3))
+    return InductionProbeSpec(n_examples=10, seq_len=40, token_low=0, token_high=256, seed=3).build()
 
 
 @pytest.fixture(scope="module")
 def text_batch():
     # query positions differ per example, so per-example gathering is exercised
-    return make_text_probe(TextProbeSpec(n_examples=9, seq_len=48, seed=1))
+    return TextProbeSpec(n_examples=9, seq_len=48, seed=1).build()
 
 
 # ------------------------------------------------------------------------------ hand-made inputs
@@ -76,23 +71,12 @@ def test_pattern_summaries_on_hand_made_rows():
     rows[0, 0] = torch.arange(seq_len, dtype=torch.float32)  # head 0: attention k at key k
     rows[0, 1, 4] = 0.7  # head 1: an induction head with the rest on the first token
     rows[0, 1, 0] = 0.3
-    summ, mx = _pattern_summaries(rows, weights)
+    summ, mx = pattern_summaries(rows, weights)
     assert summ.shape == (1, 2, len(PATTERNS) + 1)
     # head 0: induction 4, duplicate 3, previous 10, self 11, first 0, local mean(6..9) = 7.5, baseline mean(1..5) = 3
     assert summ[0, 0].tolist() == pytest.approx([4.0, 3.0, 10.0, 11.0, 0.0, 7.5, 3.0])
     assert summ[0, 1].tolist() == pytest.approx([0.7, 0.0, 0.0, 0.0, 0.3, 0.0, 0.7 / 5])
     assert mx[0].tolist() == pytest.approx([11.0, 0.7])
-
-
-def test_clean_metrics_on_hand_made_logits():
-    logits = torch.tensor([[0.0, math.log(3.0), 0.0, -1e9, -1e9, -1e9],  # p(target=1) = 3/5
-                           [5.0, 4.0, 3.0, 2.0, 1.0, 0.0]])  # target 5 is ranked 6th
-    target = torch.tensor([1, 5])
-    m = _clean_metrics(logits, target)
-    assert m["loss"].tolist() == pytest.approx([-math.log(0.6), math.log(sum(math.exp(v) for v in range(6)))])
-    assert m["top1"].tolist() == [1.0, 0.0]
-    assert m["top5"].tolist() == [1.0, 0.0]
-    assert m["target_logit"].tolist() == pytest.approx([math.log(3.0), 0.0])
 
 
 def test_attn_row_dtype_by_size():
@@ -194,8 +178,6 @@ def test_progress_and_provenance(neox, induction_batch):
 
 
 def test_router_weights_for_tiny_olmoe(olmoe_path, induction_batch):
-    from transformers import AutoModelForCausalLM
-
     model = _boot(olmoe_path)
     stats = collect_head_stats(model, induction_batch, chunk_size=3)
     assert stats.router_query.shape == (induction_batch.n_examples, 2, 4) and stats.n_experts == 4
@@ -235,6 +217,20 @@ def test_tokens_beyond_vocabulary_are_refused(neox):
     tokens[1, 7] = 300  # vocab is 260
     with pytest.raises(HeadLabError, match="vocabulary"):
         collect_head_stats(neox, _hand_batch(tokens))
+
+
+def test_probe_fits_check_reads_a_spec_against_a_config_or_a_model(neox):
+    """One check, two sources: a spec against the HF config before loading, a batch against the loaded model."""
+    config = neox.original_model.config  # context 64, vocabulary 260
+    spec = InductionProbeSpec(n_examples=2, seq_len=64, token_low=0, token_high=256, seed=0)
+    check_probe_fits(spec, config)
+    check_probe_fits(spec.build(), neox)
+    with pytest.raises(HeadLabError, match="longer than the model's context"):
+        check_probe_fits(InductionProbeSpec(2, 65, 0, 256, 0), config)
+    with pytest.raises(HeadLabError, match="vocabulary"):
+        check_probe_fits(InductionProbeSpec(2, 32, 0, 300, 0), config)
+    with pytest.raises(HeadLabError, match="longer than the model's context"):
+        check_probe_fits(TextProbeSpec(2, 65, 0), neox)
 
 
 def test_bad_chunk_size(neox, induction_batch):

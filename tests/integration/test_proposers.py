@@ -11,8 +11,8 @@ import torch
 
 from core.errors import HeadLabError
 from core.heads import HeadSet, parse_heads
-from core.pipelines.proposers import (Disposal, Proposal, ProposersReport, dispose, probe_gradient_magnitudes,
-                            top_heads)
+from core.pipelines.proposers import (CircuitProposal, Disposal, ProposersReport, dispose, probe_gradient_magnitudes,
+                                      top_heads)
 from tests.tiny_models import tiny_model
 
 
@@ -61,15 +61,15 @@ def test_probe_gradient_matches_autograd():
 
 
 def test_empty_proposal_is_listed_not_tested():
-    empty = Proposal("co-activation", HeadSet.of(()), "no community: fewer samples than heads")
+    empty = CircuitProposal("co-activation", HeadSet.of(()), "no community: fewer samples than heads")
     disposal = dispose(model=None, batch=None, proposal=empty)
     assert disposal.verdict_paper == disposal.verdict_reference == "not tested"
     assert disposal.reasons == ("no community: fewer samples than heads",)
 
 
 def test_report_json_round_trip_rows_and_survivors():
-    p1 = Proposal("pattern screen", parse_heads("L1H1, L1H2"), "screen")
-    p2 = Proposal("spectral", parse_heads("L0H3, L0H4"), "spectral")
+    p1 = CircuitProposal("pattern screen", parse_heads("L1H1, L1H2"), "screen")
+    p2 = CircuitProposal("spectral", parse_heads("L0H3, L0H4"), "spectral")
     d1 = Disposal(p1, {"loss": {"candidate_delta": 2.0, "control_mean": 0.1, "control_std": 0.1, "z": 19.0}},
                   "pass", "pass", ("every delta is damage",))
     d2 = Disposal(p2, {"loss": {"candidate_delta": 0.1, "control_mean": 0.1, "control_std": 0.1, "z": 0.0}},
@@ -84,9 +84,9 @@ def test_report_json_round_trip_rows_and_survivors():
 
 @pytest.mark.zoo
 def test_proposers_on_the_quick_zoo(quick_zoo):
-    from core.model.loading import ModelRef
+    from core.model.refs import ModelRef
     from core.pipelines.proposers import proposers_vs_disposer
-    from core.pipelines.recipe import probe_spec
+    from core.tasks.specs import probe_spec
 
     torch.set_num_threads(1)
     report = proposers_vs_disposer(ModelRef.parse("induction-neox"), None, probe_spec("induction"), n_controls=10)
@@ -116,7 +116,7 @@ def test_proposers_figure_one_bar_per_proposal_and_metric():
     def disposal(method, heads, verdict, z):
         metrics = {m: {"candidate_delta": 0.0, "control_mean": 0.0, "control_std": 1.0, "z": z[i]}
                    for i, m in enumerate(("loss", "top1", "target_logit"))} if z else {}
-        return Disposal(Proposal(method, parse_heads(heads) if heads else HeadSet.of(()), "why"),
+        return Disposal(CircuitProposal(method, parse_heads(heads) if heads else HeadSet.of(()), "why"),
                         metrics, verdict, verdict, ())
 
     report = ProposersReport((disposal("spectral", "L0H1", "fail", (0.5, -0.2, -0.3)),

@@ -15,16 +15,23 @@ import re
 import xml.etree.ElementTree as ET
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import plotly.graph_objects as go
 import plotly.io as pio
 import pytest
 
+import core.cli.replicate as rcli
+import core.cli.replicate_report as rw
 import core.pipelines.replicate as rep
+import core.pipelines.replicate_claims as rc
 from core.errors import HeadLabError
-from core.figures.bundle import FigureBundle, provenance
+from core.figures.bundle import FigureBundle
 from core.heads import HeadSet
-from core.pipelines.replicate import CLAIMS, HELD, NEEDS_PAPER, NOT_HELD, NOT_RUN, Claim
+from core.pipelines.coactivation import CoactivationSettings
+from core.pipelines.replicate_claims import CLAIMS, HELD, NEEDS_PAPER, NOT_HELD, NOT_RUN, Claim
+from core.results import provenance
+from core.zoo.presets import preset_models
 
 METHODS = Path(__file__).resolve().parents[2].parent / "shared" / "METHODS.md"
 VERDICTS = (HELD, NOT_HELD, NEEDS_PAPER)
@@ -58,7 +65,7 @@ def test_every_methods_claim_has_claims_and_runners():
     assert sorted(named) == sorted(CLAIMS)
     for claim in CLAIMS.values():
         assert claim.id in rep.RUNNERS
-        assert claim.target in rep.TARGETS and claim.paper in ("SPC", "CVC", "HHG")
+        assert claim.target in rc.TARGETS and claim.paper in ("SPC", "CVC", "HHG")
         assert claim.criterion_text and claim.statement and claim.published
 
 
@@ -67,15 +74,15 @@ def test_quick_preset_cannot_test_seed_level_claims():
     assert quick == {"spc-seed-specific", "spc-data-shift", "hhg-rho-sort", "hhg-rho-spread", "hhg-l3h3-hero",
                      "hhg-l1-bloats"}
     assert all(c.testable_on("paper") for c in CLAIMS.values())
-    assert rep.preset_models("paper", "induction") == [f"induction-neox-s{s}" for s in range(6)]
-    assert rep._shift_pairs("paper") == [("induction-neox-s0", "induction-neox-shifted")]
-    assert rep.preset_models("quick", "moe") == ["induction-olmoe"]
+    assert preset_models("paper", "induction") == [f"induction-neox-s{s}" for s in range(6)]
+    assert rc._shift_pairs("paper") == [("induction-neox-s0", "induction-neox-shifted")]
+    assert preset_models("quick", "moe") == ["induction-olmoe"]
 
 
 def test_claims_of_refuses_unknown_targets():
-    assert {c.id for c in rep.claims_of("closure")} == {"cvc-dense-closure", "cvc-moe-wrong-direction", "cvc-form-function"}
+    assert {c.id for c in rc.claims_of("closure")} == {"cvc-dense-closure", "cvc-moe-wrong-direction", "cvc-form-function"}
     with pytest.raises(HeadLabError, match="spectral"):
-        rep.claims_of("everything")
+        rc.claims_of("everything")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -193,7 +200,7 @@ def fake_zoo():
 
 
 def _context(tmp_path: Path, **changes) -> rep.Context:
-    from core.pipelines.recipe import probe_spec
+    from core.tasks.specs import probe_spec
 
     ctx = rep.Context("spectral", "quick", tmp_path, probe_spec("induction", 8, 32), say=lambda text: None)
     return replace(ctx, **changes)
@@ -208,8 +215,8 @@ def test_run_claim_stores_and_reuses_measurements(fake_zoo, tmp_path, monkeypatc
 
     monkeypatch.setitem(rep.RUNNERS, "spc-identifiable", runner)
     claim = replace(CLAIMS["spc-identifiable"], uses=lambda preset: ["rep-a"], describe=lambda m: "one percent")
-    first, figures = rep.run_claim(claim, _context(tmp_path))
-    assert calls == [["rep-a"]] and first.verdict == HELD and not first.reused and figures == []
+    first, artifacts = rep.run_claim(claim, _context(tmp_path))
+    assert calls == [["rep-a"]] and first.verdict == HELD and not first.reused and artifacts == {}
     assert first.measured_text == "one percent" and first.models == ("rep-a",)
     again, _ = rep.run_claim(claim, _context(tmp_path))
     assert len(calls) == 1 and again.reused and again.measured == first.measured
@@ -239,16 +246,16 @@ def test_an_interrupted_run_resumes_where_it_stopped(fake_zoo, tmp_path, monkeyp
 
     first = replace(CLAIMS["spc-identifiable"], uses=lambda preset: ["rep-a"], describe=lambda m: "half")
     second = replace(CLAIMS["spc-data-shift"], uses=lambda preset: ["rep-a"], testable=None, describe=lambda m: "one")
-    monkeypatch.setattr(rep, "claims_of", lambda target: [first, second])
+    monkeypatch.setattr(rcli, "claims_of", lambda target: [first, second])
     monkeypatch.setitem(rep.RUNNERS, "spc-identifiable", ok)
     monkeypatch.setitem(rep.RUNNERS, "spc-data-shift", interrupted)
-    kwargs = dict(out=tmp_path, n_examples=8, seq_len=32, formats=(), say=lambda text: None)
+    kwargs = dict(settings=rep.ReplicateSettings(n_examples=8, seq_len=32), out=tmp_path, formats=(), say=lambda text: None)
     with pytest.raises(KeyboardInterrupt):
-        rep.replicate("spectral", **kwargs)
+        rcli.replicate("spectral", **kwargs)
     assert not (tmp_path / "report.md").exists()  # no half-written report
     monkeypatch.setitem(rep.RUNNERS, "spc-data-shift",
                         lambda ctx, names: rep.Measurement({"pairs": [{"jaccard": 1.0}]}, {}, tuple(names)))
-    report = rep.replicate("spectral", **kwargs)
+    report = rcli.replicate("spectral", **kwargs)
     assert calls == ["first"]  # measured once, reused after the interruption
     assert [c.verdict for c in report.claims] == [NOT_HELD, HELD]
     assert [c.reused for c in report.claims] == [True, False]
@@ -288,13 +295,13 @@ def check_figure_file(path: Path) -> None:
         raise AssertionError(f"unexpected figure file {path}")
 
 
-def _toy_report(tmp_path: Path, writer: rep.FigureWriter) -> rep.ReplicationReport:
+def _toy_report(tmp_path: Path, writer: rw.FigureWriter) -> rw.ReplicationReport:
     held = replace(CLAIMS["spc-identifiable"], verdict=HELD, measured={"per_model": [{"first_fraction": 0.01}]},
                    measured_text="1% | of tokens", models=("m",), seeds={"m": 0})
     needs = replace(CLAIMS["spc-seed-specific"], verdict=NEEDS_PAPER, measured_text=NEEDS_PAPER)
     files = writer.write(_bundle(), "spc-identifiable-toy")
     held = replace(held, figures=tuple(files))
-    return rep.ReplicationReport("spectral", "quick", (held, needs), tmp_path, 1.5, {"probe_spec": {"n_examples": 8}},
+    return rw.ReplicationReport("spectral", "quick", (held, needs), tmp_path, 1.5, {"probe_spec": {"n_examples": 8}},
                                  writer.note, tuple(writer.files))
 
 
@@ -316,9 +323,9 @@ def _markdown_claims(text: str) -> dict[str, str]:
 
 
 def test_report_files_without_images(tmp_path):
-    writer = rep.FigureWriter(tmp_path / "figures", formats=())
+    writer = rw.FigureWriter(tmp_path / "figures", formats=())
     report = _toy_report(tmp_path, writer)
-    paths = rep.write_report(report, writer)
+    paths = rw.write_report(report, writer)
     text = paths["markdown"].read_text()
     assert _markdown_claims(text) == {"spc-identifiable": HELD, "spc-seed-specific": NEEDS_PAPER}
     assert "1% \\| of tokens" in text  # a pipe in a value does not break the table
@@ -341,9 +348,9 @@ def test_report_inlines_svg_and_records_a_missing_browser(tmp_path, monkeypatch)
 
     svg = b'<?xml version="1.0"?><svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"><rect width="5" height="5"/></svg>'
     monkeypatch.setattr(core.figures.bundle, "figure_bytes", lambda fig, fmt, paper=True, size=None: svg)
-    writer = rep.FigureWriter(tmp_path / "figures", formats=("svg",))
+    writer = rw.FigureWriter(tmp_path / "figures", formats=("svg",))
     report = _toy_report(tmp_path, writer)
-    paths = rep.write_report(report, writer)
+    paths = rw.write_report(report, writer)
     check_figure_file(tmp_path / "figures" / "spc-identifiable-toy.svg")
     assert "![a toy figure (with brackets (x))](figures/spc-identifiable-toy.svg)" in paths["markdown"].read_text()
     html = paths["html"].read_text()
@@ -353,12 +360,12 @@ def test_report_inlines_svg_and_records_a_missing_browser(tmp_path, monkeypatch)
         raise HeadLabError("figure export needs Debian's chromium: run `apt-get install chromium`.")
 
     monkeypatch.setattr(core.figures.bundle, "figure_bytes", broken)
-    writer = rep.FigureWriter(tmp_path / "other", formats=("png", "svg"))
+    writer = rw.FigureWriter(tmp_path / "other", formats=("png", "svg"))
     files = writer.write(_bundle(), "x")
     assert not writer.images_ok and "chromium" in writer.note
     assert all(not f.endswith((".png", ".svg")) for f in files)
     with pytest.raises(HeadLabError, match="unknown image format"):
-        rep.FigureWriter(tmp_path, formats=("gif",))
+        rw.FigureWriter(tmp_path, formats=("gif",))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -374,7 +381,7 @@ def test_replicate_spectral_quick_report(quick_zoo, tmp_path):
     assert main(args) == 0
     data = json.loads((out / "report.json").read_text())
     ids = [c["id"] for c in data["claims"]]
-    assert ids == [c.id for c in rep.claims_of("spectral")]
+    assert ids == [c.id for c in rc.claims_of("spectral")]
     table = _markdown_claims((out / "report.md").read_text())
     assert list(table) == ids
     for claim in data["claims"]:
@@ -403,7 +410,7 @@ def test_replicate_spectral_quick_report(quick_zoo, tmp_path):
 
 class _Split:
     def __init__(self, kind, split, paper, z_loss=0.0):
-        from core.ablation.engine import Verdict
+        from core.stats.inference import Verdict
 
         self.kind, self.split, self.n_examples = kind, split, 10
         self.stats = {m: {"candidate_delta": 0.1, "z": z_loss if m == "loss" else 0.0}
@@ -423,9 +430,8 @@ class _Closure:
 
 
 def _fake_coactivation(calls):
-    from types import SimpleNamespace
-
-    def coactivation(ref, revision, spec, route_conditional=False, **kwargs):
+    def coactivation(ref, revision, spec, settings, **kwargs):
+        route_conditional = settings.route_conditional
         calls.append((ref.name, route_conditional))
         splits = [_Split("any-layer", "all", "pass"), _Split("any-layer", "on", "fails in the wrong direction", -3.0)]
         route = SimpleNamespace(null=SimpleNamespace(z_max=3.05, null_max_mean=0.1, null_max_std=0.03),
@@ -435,7 +441,7 @@ def _fake_coactivation(calls):
                                route=route if route_conditional else None,
                                summary=lambda: {"candidate": ["L0H1", "L1H2"], "closure": []})
 
-    return SimpleNamespace(coactivation=coactivation)
+    return SimpleNamespace(coactivation=coactivation, CoactivationSettings=CoactivationSettings)
 
 
 def test_closure_claims_judge_the_synthetic_split(fake_zoo, tmp_path, monkeypatch):
@@ -455,11 +461,16 @@ def test_closure_claims_judge_the_synthetic_split(fake_zoo, tmp_path, monkeypatc
     assert "rep-a: a note" in result.notes
 
 
-def test_closure_claims_without_the_pipeline(fake_zoo, tmp_path, monkeypatch):
-    monkeypatch.setattr(rep, "_coactivation", lambda: None)
+def test_closure_claim_whose_pipeline_fails_is_reported_not_run(fake_zoo, tmp_path, monkeypatch):
+    def failing(ref, revision, spec, settings, **kwargs):
+        raise HeadLabError("every head has a constant spin; use a larger probe.")
+
+    monkeypatch.setattr(rep, "_coactivation", lambda: SimpleNamespace(coactivation=failing,
+                                                                       CoactivationSettings=CoactivationSettings))
     dense = replace(CLAIMS["cvc-dense-closure"], uses=lambda preset: ["rep-a"])
-    result, _ = rep.run_claim(dense, replace(_context(tmp_path), target="closure"))
-    assert result.verdict == f"{NOT_RUN}: co-activation pipeline unavailable (core/coactivation.py is not in this version of HeadLab)"
+    result, artifacts = rep.run_claim(dense, replace(_context(tmp_path), target="closure"))
+    assert result.verdict == f"{NOT_RUN}: every head has a constant spin; use a larger probe."
+    assert result.measured is None and artifacts == {}
 
 
 def test_a_problem_in_one_claim_is_reported_not_raised(fake_zoo, tmp_path, monkeypatch):
@@ -468,9 +479,9 @@ def test_a_problem_in_one_claim_is_reported_not_raised(fake_zoo, tmp_path, monke
 
     monkeypatch.setitem(rep.RUNNERS, "spc-timing", broken)
     claim = replace(CLAIMS["spc-timing"], uses=lambda preset: ["rep-a"])
-    result, figures = rep.run_claim(claim, _context(tmp_path))
+    result, artifacts = rep.run_claim(claim, _context(tmp_path))
     assert result.verdict == f"{NOT_RUN}: the probe is longer than the model's context; use a shorter probe."
-    assert result.measured is None and figures == []
+    assert result.measured is None and artifacts == {}
 
 
 def test_seeds_that_never_learned_induction_are_left_out(tmp_path, monkeypatch):
@@ -483,10 +494,10 @@ def test_seeds_that_never_learned_induction_are_left_out(tmp_path, monkeypatch):
         (zoo_dir() / name).mkdir(parents=True)
         (zoo_dir() / name / "manifest.json").write_text(json.dumps(
             {"name": name, "complete": complete, "checkpoints": checkpoints, "final": {"induction_loss": loss}}))
-    monkeypatch.setattr(rep, "preset_models", lambda preset, kind: ["ind-a", "ind-b", "ind-c", "ind-d", "ind-e"])
+    monkeypatch.setattr(rc, "preset_models", lambda preset, kind: ["ind-a", "ind-b", "ind-c", "ind-d", "ind-e"])
     # ind-d is still training and ind-e not started: not judged here (run_claim reports them as not trained)
-    assert rep.unformed_induction_seeds("paper") == {"ind-b": 5.54, "ind-c": 1.0}
-    assert rep._uses_induction("paper") == ["ind-a", "ind-d", "ind-e"]
-    report = rep.ReplicationReport("spectral", "paper", (), tmp_path, 1.0,
+    assert rc.unformed_induction_seeds("paper") == {"ind-b": 5.54, "ind-c": 1.0}
+    assert rc._uses_induction("paper") == ["ind-a", "ind-d", "ind-e"]
+    report = rw.ReplicationReport("spectral", "paper", (), tmp_path, 1.0,
                                    {"probe_spec": {}, "excluded_induction_seeds": {"ind-b": 5.54}})
-    assert "Left out of every induction claim: ind-b (repeated-half loss 5.54 nats)" in rep.report_markdown(report)
+    assert "Left out of every induction claim: ind-b (repeated-half loss 5.54 nats)" in rw.report_markdown(report)

@@ -38,10 +38,12 @@ from transformer_lens.head_detector import (compute_head_attention_similarity_sc
                                             get_induction_head_detection_pattern,
                                             get_previous_token_head_detection_pattern)
 
-from core.model.loading import ModelRef, load_model
-from core.pipelines.recipe import build_probe, probe_spec, screen
+from core.model.loading import load_model
+from core.model.refs import ModelRef
+from core.pipelines.recipe import ScreenSettings, run_recipe, screen
 from core.stats.selectivity import circuit_members
 from core.tasks import BOS
+from core.tasks.specs import probe_spec
 
 pytestmark = pytest.mark.zoo
 
@@ -52,13 +54,13 @@ HALF_LEN = 31  # BOS + 2 x 31 tokens: the cross-check sequences span the probe's
 
 @pytest.fixture(scope="module")
 def report(quick_zoo):
-    return screen(ModelRef.parse(MODEL), probe_spec("induction"), n_null_draws=200)
+    return screen(ModelRef.parse(MODEL), probe_spec("induction"), ScreenSettings(n_null_draws=200))
 
 
 @pytest.fixture(scope="module")
 def screens(quick_zoo, report):
     """The final-checkpoint screen of each quick-zoo model the cross-check uses."""
-    duplicate = screen(ModelRef.parse(DUPLICATE_MODEL), probe_spec("induction"), n_null_draws=200)
+    duplicate = screen(ModelRef.parse(DUPLICATE_MODEL), probe_spec("induction"), ScreenSettings(n_null_draws=200))
     return {MODEL: report.final, DUPLICATE_MODEL: duplicate.final}
 
 
@@ -157,7 +159,7 @@ DETECTORS = [
 def query_rows_on_probe(name: str):
     """The screen's probe tokens [example, pos] and each head's full attention row at q
     [example, layer, head, key], from hook_pattern."""
-    batch = build_probe(probe_spec("induction"))
+    batch = probe_spec("induction").build()
     model = load_model(ModelRef.parse(name))
     rows = []
     with torch.no_grad():
@@ -258,8 +260,6 @@ def test_screen_cli_writes_json_and_second_probe_is_cached(quick_zoo, tmp_path):
 def test_recipe_finds_a_causal_circuit_and_composition(quick_zoo):
     """Issue 4 on the quick zoo: the screened circuit is causal against 20 matched draws, the upper
     bound saturates, and ablating the previous-token circuit also breaks induction."""
-    from core.pipelines.recipe import run_recipe
-
     out = run_recipe(ModelRef.parse(MODEL), probe_spec("induction"), n_controls=20)
     assert out["verdict"]["label"] == "causal"
     metrics = out["candidate"]["summary"]["metrics"]

@@ -1,26 +1,26 @@
-"""The content-addressed cache: keys, round trips, corruption, races, atomicity, and `python -m core probe`."""
+"""The content-addressed cache: keys, round trips, corruption, races, atomicity; HeadStats through it, and `python -m core probe`."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import multiprocessing
+import os
 import warnings
 
 import pytest
 import torch
 
+import core.probe
 from core import store
+from core.cli.probe import add_probe_arguments, cli_probe
 from core.errors import HeadLabError
-from core.store import (
-    CorruptCacheEntryWarning,
-    cache_key,
-    cached_head_stats,
-    entry_path,
-    get_or_compute,
-    load_entry,
-    save_entry,
-)
+from core.model.refs import ModelRef, list_checkpoints, weights_fingerprint
+from core.probe import HEADSTATS_KIND, HEADSTATS_VERSION, HeadStats, head_stats, head_stats_key
+from core.store import CorruptCacheEntryWarning, cache_key, canonical_json, entry_path, get_or_compute, load_entry, save_entry
+from core.tasks.specs import probe_spec
+from core.workspace import zoo_dir
+from tests.tiny_models import make_fake_zoo, save_tiny_model
 
 
 @pytest.fixture(autouse=True)
@@ -72,7 +72,9 @@ def test_entry_layout(home):
     with pytest.raises(HeadLabError, match="not a cache key"):
         entry_path("nonsense")
     with pytest.raises(HeadLabError, match="cache kind"):
-        cache_key("Bad Kind/..", "m", None, {})
+        cache_key("Bad Kind/..", "m", None, {}, "v1")
+    with pytest.raises(HeadLabError, match="code version"):
+        cache_key("test", "m", None, {}, "")
 
 
 # ------------------------------------------------------------------------------ entries
@@ -190,11 +192,7 @@ def test_losing_the_race_keeps_the_winner(monkeypatch):
 
 def _racer(home, keys, seed, barrier, results):
     """One process: for each key, save its own tensors at the same moment as the other process."""
-    import os
-
-    os.environ["HEADLAB_HOME"] = home
-    from core.store import load_entry, save_entry
-
+    os.environ["HEADLAB_HOME"] = home  # read when the cache folder is first asked for, not at import
     for key in keys:
         tensors = _tensors(seed)
         barrier.wait()
@@ -230,8 +228,6 @@ def test_concurrent_writers_do_not_corrupt(home):
 
 
 def _tiny_stats(model_name="tiny", revision="r"):
-    from core.probe import HeadStats
-
     n, L, H, d, T = 3, 2, 2, 4, 8
     gen = torch.Generator().manual_seed(0)
     return HeadStats(
@@ -241,29 +237,56 @@ def _tiny_stats(model_name="tiny", revision="r"):
         loss=torch.rand(n, generator=gen), top1=torch.ones(n), top5=torch.ones(n), target_logit=torch.zeros(n),
         query_pos=torch.full((n,), 7), target=torch.arange(n), induction_pos=torch.full((n,), 3),
         duplicate_pos=torch.full((n,), 2), model=model_name, revision=revision, tokens=100, family="gpt_neox",
-        probe_spec={"task": "induction"}, code_version=store.CODE_VERSION, n_layers=L, n_heads=H, d_head=d,
+        probe_spec={"task": "induction"}, code_version=HEADSTATS_VERSION, n_layers=L, n_heads=H, d_head=d,
     )
 
 
-def test_cached_head_stats_round_trip():
-    status, calls = [], []
+def test_head_stats_entry_round_trip():
+    """A HeadStats through a cache entry (safetensors + meta.json) comes back whole."""
+    key = head_stats_key("tiny", "r", {"task": "induction"})
+    stats = _tiny_stats()
+    save_entry(key, stats.to_tensors(), stats.to_json())
+    back = HeadStats.from_tensors(*load_entry(key))
+    for name, tensor in stats.to_tensors().items():
+        assert torch.equal(back.to_tensors()[name], tensor)
+    assert back.attn_query is not None and back.router_query is None
+    assert (back.model, back.revision, back.tokens, back.n_heads) == ("tiny", "r", 100, 2)
 
-    def compute():
-        calls.append(1)
-        return _tiny_stats()
 
-    first = cached_head_stats("tiny", "r", {"task": "induction"}, compute, on_status=status.append)
-    second = cached_head_stats("tiny", "r", {"task": "induction"}, compute, on_status=status.append)
-    assert calls == [1] and status == ["computed", "cached"]
+def test_head_stats_key_keeps_its_digest():
+    """The store's keys are stable (the digest store.py made at b043c0d for headstats-1), and a new
+    HeadStats version gives new keys, so entries of the old definition are never served."""
+    old = cache_key(HEADSTATS_KIND, canonical_json("tiny"), "r", {"task": "induction"}, "headstats-1",
+                    {"weights": weights_fingerprint("tiny", "r")})
+    assert old == "headstats:d0ca04933445d5a9c706878bd96a647e60d9dbc4f01ab17e42f906c0cf079531"
+    assert HEADSTATS_VERSION == "headstats-2"
+    assert head_stats_key("tiny", "r", {"task": "induction"}) != old
+
+
+def test_head_stats_computes_once_then_serves_the_cache(fake_zoo, monkeypatch):
+    ref = ModelRef.parse(fake_zoo)
+    ckpt = list_checkpoints(ref)[-1]
+    spec = probe_spec("induction", 4, 16)
+    loads, status = [], []
+    real_load = core.probe.load_model
+
+    def counting_load(*args, **kwargs):
+        loads.append(args)
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(core.probe, "load_model", counting_load)
+    first = head_stats(ref, ckpt, spec, on_status=status.append)
+    second = head_stats(ref, ckpt, spec.build(), on_status=status.append)  # a spec or its batch: one key
+    assert status == ["computed", "cached"] and len(loads) == 1
     for name, tensor in first.to_tensors().items():
         assert torch.equal(second.to_tensors()[name], tensor)
-    assert second.attn_query is not None and second.router_query is None
-    assert (second.model, second.revision, second.tokens, second.n_heads) == ("tiny", "r", 100, 2)
+    assert (second.model, second.revision, second.tokens) == (ref.name, ckpt.revision, ckpt.tokens)
+    assert second.probe_spec == dict(spec.build().spec) and second.code_version == HEADSTATS_VERSION
 
 
 def _probe_args(model, **overrides):
     parser = argparse.ArgumentParser()
-    store.add_probe_arguments(parser)
+    add_probe_arguments(parser)
     argv = [str(model), "--n", "6", "--seq-len", "24", "--chunk-size", "4"]
     for flag, value in overrides.items():
         flag = "--" + flag.replace("_", "-")
@@ -273,9 +296,6 @@ def _probe_args(model, **overrides):
 
 @pytest.fixture
 def fake_zoo(home):
-    from core.workspace import zoo_dir
-    from tests.tiny_models import make_fake_zoo
-
     make_fake_zoo(zoo_dir(), "tiny-neox", "gpt_neox", steps=(0, 10))
     return "tiny-neox"
 
@@ -286,18 +306,16 @@ def _cached_entries(home):
 
 
 def test_cli_probe_fills_then_serves_from_cache(fake_zoo, home, capsys):
-    result = store.cli_probe(_probe_args(fake_zoo, all_checkpoints=True))
+    result = cli_probe(_probe_args(fake_zoo, all_checkpoints=True))
     assert [r["status"] for r in result["checkpoints"]] == ["computed", "computed"]
     assert [r["revision"] for r in result["checkpoints"]] == ["step000000", "step000010"]
     assert len(_cached_entries(home)) == 2
-    again = store.cli_probe(_probe_args(fake_zoo, all_checkpoints=True))
+    again = cli_probe(_probe_args(fake_zoo, all_checkpoints=True))
     assert [r["status"] for r in again["checkpoints"]] == ["cached", "cached"]
     assert "step000010: cached" in capsys.readouterr().out
-    text = store.cli_probe(_probe_args(fake_zoo, task="text", seq_len=32))  # final checkpoint only
+    text = cli_probe(_probe_args(fake_zoo, task="text", seq_len=32))  # final checkpoint only
     assert [r["revision"] for r in text["checkpoints"]] == ["step000010"] and len(_cached_entries(home)) == 3
     # the cached stats carry their provenance
-    from core.probe import HeadStats
-
     tensors, meta = load_entry(again["checkpoints"][1]["key"])
     stats = HeadStats.from_tensors(tensors, meta)
     assert (stats.revision, stats.tokens, stats.family) == ("step000010", 20480, "gpt_neox")
@@ -312,28 +330,22 @@ def test_cli_probe_fills_then_serves_from_cache(fake_zoo, home, capsys):
 ])
 def test_cli_probe_bad_input_caches_nothing(fake_zoo, home, overrides, message):
     with pytest.raises(HeadLabError, match=message):
-        store.cli_probe(_probe_args(fake_zoo, **overrides))
+        cli_probe(_probe_args(fake_zoo, **overrides))
     assert _cached_entries(home) == []
 
 
 def test_cli_probe_empty_checkpoint_list(fake_zoo, home):
-    from core.workspace import zoo_dir
-
     manifest = zoo_dir() / fake_zoo / "manifest.json"
     data = json.loads(manifest.read_text())
     data["checkpoints"] = []
     manifest.write_text(json.dumps(data))
     with pytest.raises(HeadLabError, match="checkpoints"):
-        store.cli_probe(_probe_args(fake_zoo, all_checkpoints=True))
+        cli_probe(_probe_args(fake_zoo, all_checkpoints=True))
     assert _cached_entries(home) == []
 
 
 def test_retrained_model_misses_the_cache(fake_zoo, home):
-    from core.model.loading import ModelRef
-    from core.workspace import zoo_dir
-    from tests.tiny_models import save_tiny_model
-
     ref = ModelRef.parse(fake_zoo)
-    before = store.head_stats_key(ref, "step000010", {"task": "induction"})
+    before = head_stats_key(ref, "step000010", {"task": "induction"})
     save_tiny_model("gpt_neox", zoo_dir() / fake_zoo / "checkpoints" / "step000010", seed=99)
-    assert store.head_stats_key(ref, "step000010", {"task": "induction"}) != before
+    assert head_stats_key(ref, "step000010", {"task": "induction"}) != before

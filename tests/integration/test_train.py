@@ -15,17 +15,10 @@ from safetensors.torch import load_file
 from core.errors import HeadLabError
 from core.tasks import mixture
 from core.tasks.vocab import BOS, BYTE_VOCAB_SIZE
-from core.zoo.train import (
-    ModelConfig,
-    TrainConfig,
-    ZOO_PRESETS,
-    induction_head_summary,
-    load_checkpoint_model,
-    log_checkpoint_steps,
-    train_model,
-    train_zoo,
-    zoo_record,
-)
+from core.zoo.config import ModelConfig, TrainConfig
+from core.zoo.evaluate import induction_head_summary
+from core.zoo.presets import ZOO_PRESETS, train_zoo, zoo_record
+from core.zoo.train import load_checkpoint_model, log_checkpoint_steps, train_model
 
 TINY = ModelConfig(family="gpt_neox", n_layers=2, n_heads=4, d_model=32, d_ff=64, max_seq_len=32)
 TINY_TRAIN = TrainConfig(
@@ -58,14 +51,14 @@ def test_repeat_batch_structure_and_determinism():
 
 
 def test_longer_repeats_only_after_the_warm_up():
-    from core.zoo.train import _batch
+    from core.zoo.train import batch_at
 
     cfg = replace(TINY_TRAIN, seq_len=64, batch_size=256, repeat_warmup_steps=8, repeat_fraction=1.0, mixture_chunk_max=40)
-    warm = {_period(row, 40) for row in _batch(cfg, 7)[0]}
-    after = {_period(row, 40) for row in _batch(cfg, 8)[0]}
+    warm = {_period(row, 40) for row in batch_at(cfg, 7)[0]}
+    after = {_period(row, 40) for row in batch_at(cfg, 8)[0]}
     assert None not in warm and max(warm) <= 32  # the warm-up keeps 8-32
     assert None not in after and max(after) > 32 and max(after) <= 40
-    assert torch.equal(_batch(replace(cfg, mixture_chunk_max=32), 7)[0], _batch(cfg, 7)[0])
+    assert torch.equal(batch_at(replace(cfg, mixture_chunk_max=32), 7)[0], batch_at(cfg, 7)[0])
     with pytest.raises(HeadLabError, match="longest repeated chunk"):
         mixture.training_batch("repeat", step=0, batch_size=2, seq_len=64, seed=0, chunk_max=7)
 
@@ -387,10 +380,10 @@ def test_reverse_task_trains_with_sequence_figures(tmp_path):
 
 
 def test_early_stop_rule_stops_reverse_training(tmp_path, monkeypatch):
-    import core.zoo.train as train_module
+    import core.zoo.evaluate as evaluate_module
 
     # pretend the model is already 95% right: training must stop at the first evaluation
-    monkeypatch.setattr(train_module, "evaluate_sequences", lambda model, task, lengths, n, seed: {int(k): 0.95 for k in lengths})
+    monkeypatch.setattr(evaluate_module, "evaluate_sequences", lambda model, task, lengths, n, seed: {int(k): 0.95 for k in lengths})
     cfg = ModelConfig(family="gpt_neox", n_layers=1, n_heads=2, d_model=16, d_ff=32, vocab_size=104, rotary_pct=0.0)
     train = TrainConfig(task="reverse", steps=50, batch_size=4, eval_every=3, n_log_checkpoints=4)
     manifest = train_model("stop", cfg, train, tmp_path / "stop")
@@ -458,7 +451,7 @@ def test_bad_configs_raise_headlab_errors():
 def test_command_line_train_and_zoo(tmp_path, monkeypatch):
     import argparse
 
-    from core.zoo.train import add_train_arguments, add_zoo_arguments, cli_train, cli_zoo
+    from core.cli.zoo import add_train_arguments, add_zoo_arguments, cli_train, cli_zoo
 
     monkeypatch.setenv("HEADLAB_HOME", str(tmp_path))
     parser = argparse.ArgumentParser()
@@ -531,7 +524,7 @@ def test_hhg_shaped_checkpoint_boots_through_transformer_bridge(tmp_path):
     from transformer_lens.model_bridge import TransformerBridge
 
     from core.tasks.sequences import END, SEP, START
-    from core.zoo.train import _HHG
+    from core.zoo.presets import _HHG
 
     train = TrainConfig(task="reverse", steps=2, batch_size=4, lr=1e-3, warmup_steps=0, weight_decay=0.0,
                         repeat_warmup_steps=0, eval_every=2, eval_examples=2, final_examples=2, n_log_checkpoints=2)

@@ -10,17 +10,17 @@ import numpy as np
 import pytest
 
 from core.figures.theme import CANDIDATE_COLOR, LAYER_COLORS
-from core.pipelines import attribution as attr
+from core.pipelines import attribution_results as ares
 from core.figures import attribution as fa
 from core.errors import HeadLabError
-from core.figures.bundle import heads_from_points
+from core.figures._style import heads_from_points
 
 
 def make_result(name, G, C, n_layers=2, n_heads=2, threshold=3.0, joint=0.45, task="reverse", with_mlp=True, rule="paper"):
     """A real AttributionResult from hand-made G and C (no model): ranks, classes, rho, joints."""
-    components = attr.component_order(n_layers, n_heads, with_mlp)
-    settings = attr.AttributionSettings(task=task, threshold=threshold, rule=rule)
-    return attr.assemble_result(name, "step100", components, G, C, 0.6, {8: 0.6, 9: 0.2}, 8, settings,
+    components = ares.component_order(n_layers, n_heads, with_mlp)
+    settings = ares.AttributionSettings(task=task, threshold=threshold, rule=rule)
+    return ares.assemble_result(name, "step100", components, G, C, 0.6, {8: 0.6, 9: 0.2}, 8, settings,
                                 lambda members: joint)
 
 
@@ -129,7 +129,7 @@ def _seed_results(task="sort"):
 
 def test_rho_strip_points_mean_std_and_highlight():
     results = _seed_results()
-    summary = attr.summarize(results)
+    summary = ares.summarize(results)
     bundle = fa.rho_strip(summary, highlight="s1")
     seeds, mean = bundle.figure.data[0], bundle.figure.data[1]
     assert list(seeds.customdata) == ["s0", "s1", "s2"]  # s3's undefined rho is left out ...
@@ -152,15 +152,15 @@ def test_rho_strip_one_column_per_task_from_results():
     assert [round(float(np.mean(t.x))) for t in columns] == [0, 1]
     assert not [t for t in bundle.figure.data if t.name == "published mean [HHG]"]
     with pytest.raises(HeadLabError):
-        fa.rho_strip([attr.summarize(results[:2]), results[2]])
+        fa.rho_strip([ares.summarize(results[:2]), results[2]])
     with pytest.raises(HeadLabError):
         fa.rho_strip([])
 
 
 def test_rho_strip_names_settings_that_differ():
-    a = attr.summarize(_seed_results()[:2])
+    a = ares.summarize(_seed_results()[:2])
     other = [make_result(r.model, r.G, r.C, threshold=3, task="sort") for r in _seed_results()[:2]]
-    labels = fa._group_labels([a, attr.summarize(other)])
+    labels = fa._group_labels([a, ares.summarize(other)])
     assert labels == ["sort (threshold=2.0)", "sort (threshold=3.0)"]
 
 
@@ -168,7 +168,7 @@ def test_hero_bloat_heatmap_fractions_on_the_grid():
     results = _seed_results() + [make_result("s4", [6, 5, 4, 3, 2, 1], [0.0, 0.1, 0.2, 0.3, 0.4, 0.5], threshold=2, task="sort")]
     # 5 models: s1 and s4 have bloats L0H0, L0H1 and heroes L1H1, L1MLP; s3 (G tied: every rank_G 3.5,
     # so d = 2.5, 1.5, 0.5, -0.5, -1.5, -2.5) has bloat L0H0 and hero L1MLP
-    summary = attr.summarize(results)
+    summary = ares.summarize(results)
     bundle = fa.hero_bloat_heatmap(summary)
     heroes, bloats = bundle.figure.data
     assert list(heroes.x) == ["H0", "H1", "MLP"] and list(heroes.y) == [0, 1]
@@ -185,13 +185,13 @@ def test_hero_bloat_heatmap_fractions_on_the_grid():
 
 def test_hero_bloat_heatmap_heads_only_and_full_size():
     heads_only = [make_result(f"h{i}", [4, 3, 2, 1], [0.1, 0.2, 0.3, 0.4], threshold=2, with_mlp=False) for i in range(2)]
-    bundle = fa.hero_bloat_heatmap(attr.summarize(heads_only))
+    bundle = fa.hero_bloat_heatmap(ares.summarize(heads_only))
     assert list(bundle.figure.data[0].x) == ["H0", "H1"]  # no MLP column
     # d = 3, 1, -1, -3 with threshold 2: L0H0 a bloat, L1H1 a hero, in both models
     np.testing.assert_allclose(np.asarray(bundle.figure.data[1].z, dtype=float), [[1, 0], [0, 0]])
     np.testing.assert_allclose(np.asarray(bundle.figure.data[0].z, dtype=float), [[0, 0], [0, 1]])
     assert "heads only" in bundle.caption
-    full = fa.hero_bloat_heatmap(attr.summarize([twenty("a"), twenty("b")]))
+    full = fa.hero_bloat_heatmap(ares.summarize([twenty("a"), twenty("b")]))
     z = np.asarray(full.figure.data[1].z, dtype=float)
     assert z.shape == (4, 5) and z[0, 0] == 1.0 and z.sum() == 1.0  # L0H0 a bloat in both
     assert np.asarray(full.figure.data[0].z, dtype=float)[3, 4] == 1.0  # L3MLP a hero in both
@@ -199,7 +199,7 @@ def test_hero_bloat_heatmap_heads_only_and_full_size():
 
 def test_attribution_bundles_for_export():
     result = twenty("r0")
-    bundles = fa.attribution_bundles(result, [attr.summarize([result, twenty("r1")])])
+    bundles = fa.attribution_bundles(result, [ares.summarize([result, twenty("r1")])])
     names = [b.name for b in bundles]
     assert names == ["attribution-r0-rank-scatter", "attribution-r0-joint-ablation", "attribution-rho-strip",
                      "attribution-reverse-hero-bloat-frequency"]

@@ -9,37 +9,30 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.bench.ising import bench_ising, gibbs_sample, planted_ising_model
 from core.errors import HeadLabError
-from core.stats.ising import (
+from core.stats.clusters import (
     AriByK,
-    bench_ising,
     CandidateSelection,
-    IsingFit,
-    RouteNull,
     ari_by_k,
-    binarize_at_median,
     cluster_metrics,
     cluster_table,
-    constant_heads,
-    couplings_from_coef,
-    drop_constant_heads,
-    fit_ising_pseudolikelihood,
-    fit_ising_sklearn,
-    gibbs_sample,
     labels_from_classifications,
-    max_attention_signal,
-    null_z,
-    penalised_objective,
-    planted_ising_model,
     propose_candidate,
+    select_candidate,
+    spectral_clusters,
+)
+from core.stats.ising import IsingFit, couplings_from_coef, fit_ising_pseudolikelihood, fit_ising_sklearn, penalised_objective
+from core.stats.routes import (
+    RouteNull,
+    null_z,
     random_partition,
     random_partition_null,
     route_strata,
-    select_candidate,
-    spectral_clusters,
     stratum_statistic,
     summarize_null,
 )
+from core.stats.spins import binarize_at_median, constant_heads, drop_constant_heads, max_attention_signal
 
 REFERENCE = Path(__file__).resolve().parents[2].parent / "shared" / "reference"
 CLOSURE = REFERENCE / "coactivation-closure" / "results"
@@ -432,7 +425,7 @@ def test_stratum_statistic_and_null_on_a_small_model(small_model):
     assert [r.n_examples for r in stat.per_stratum] == [2000, 2000]
     assert stat.max_ari == max(r.ari for r in stat.per_stratum) and stat.max_ari > 0.5
     assert set(stat.J_by_stratum) == {0, 1}
-    null = random_partition_null(spins, [2000, 2000], gt, ks=(2, 3), n_head=6, n_null=2, seed=0, observed=stat)
+    null = random_partition_null(spins, [2000, 2000], gt, ks=(2, 3), n_head=6, seeds=range(2), observed=stat)
     assert null.seeds == (0, 1) and len(null.null_max) == 2
     assert null.z_max == pytest.approx(null_z(stat.max_ari, null.null_max))
     assert null.null_max_std == pytest.approx(np.std(null.null_max))

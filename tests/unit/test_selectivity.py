@@ -12,7 +12,6 @@ import torch
 from core.errors import HeadLabError
 from core.heads import HeadSet
 from core.stats.selectivity import (
-    PATTERNS,
     ScreenResult,
     baseline_positions,
     class_counts,
@@ -28,6 +27,7 @@ from core.stats.selectivity import (
     selectivity,
     specialized_fraction,
 )
+from core.tasks.probe_batch import PATTERNS
 
 REFERENCE = Path(__file__).resolve().parents[2].parent / "shared" / "reference"
 SPC = REFERENCE / "spectral-probe-circuits"
@@ -316,9 +316,9 @@ def test_previous_token_circuit_uses_the_membership_rule_not_the_class_rule():
 
 def test_membership_threshold_scales_with_probe_length():
     from core.pipelines.recipe import scaled_induction_threshold
-    from core.tasks import InductionProbeSpec, make_induction_probe
+    from core.tasks import InductionProbeSpec
 
-    reference = make_induction_probe(InductionProbeSpec(n_examples=4, seq_len=256, token_low=100, token_high=10000, seed=0))
-    zoo = make_induction_probe(InductionProbeSpec(n_examples=4, seq_len=64, token_low=0, token_high=256, seed=0))
+    reference = InductionProbeSpec(n_examples=4, seq_len=256, token_low=100, token_high=10000, seed=0).build()
+    zoo = InductionProbeSpec(n_examples=4, seq_len=64, token_low=0, token_high=256, seed=0).build()
     assert scaled_induction_threshold(reference.query_pos) == pytest.approx(50.0)
     assert scaled_induction_threshold(zoo.query_pos) == pytest.approx(12.5)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
 
 from core.errors import HeadLabError
+from core.stats.selectivity import null_target_positions
 from core.tasks import (
     BOS,
     BYTE_VOCAB_SIZE,
@@ -16,13 +19,13 @@ from core.tasks import (
     TextProbeSpec,
     default_zoo_probe_spec,
     load_text_bytes,
-    make_induction_probe,
-    make_text_probe,
     reference_probe_spec,
 )
 from core.tasks import sequences as seq
+from core.tasks.specs import TASKS, probe_spec, spec_from_json
 from core.tasks import text as text_mod
 from core.tasks import vocab
+from core.tasks.vocab import token_label
 
 
 # ---------------------------------------------------------------- vocabulary
@@ -88,7 +91,7 @@ def test_probe_batch_validation(overrides):
 
 
 def test_probe_batch_chunks_and_to():
-    batch = make_induction_probe(InductionProbeSpec(n_examples=7, seq_len=16, token_low=0, token_high=50, seed=1))
+    batch = InductionProbeSpec(n_examples=7, seq_len=16, token_low=0, token_high=50, seed=1).build()
     parts = list(batch.chunks(3))
     assert [p.n_examples for p in parts] == [3, 3, 1]
     assert torch.equal(torch.cat([p.tokens for p in parts]), batch.tokens)
@@ -126,7 +129,7 @@ def test_induction_probe_structure_zoo_default():
     spec = default_zoo_probe_spec()
     assert (spec.n_examples, spec.seq_len, spec.token_low, spec.token_high, spec.seed) == (256, 64, 0, 256, 42)
     assert spec.p_range == (20, 32)
-    batch = make_induction_probe(spec)
+    batch = spec.build()
     _check_induction_structure(batch, spec)
     # p is spread over its whole range, not stuck at one value
     assert set(batch.duplicate_pos.tolist()) == set(range(20, 32))
@@ -135,7 +138,7 @@ def test_induction_probe_structure_zoo_default():
 def test_induction_probe_tiny_token_range_has_no_stray_a_or_b():
     # With 3 tokens, A and B are replaced everywhere else, so all fillers equal the third token.
     spec = InductionProbeSpec(n_examples=20, seq_len=30, token_low=5, token_high=8, seed=3)
-    batch = make_induction_probe(spec)
+    batch = spec.build()
     _check_induction_structure(batch, spec)
     for i in range(spec.n_examples):
         row = batch.tokens[i]
@@ -152,14 +155,14 @@ def test_induction_probe_tiny_token_range_has_no_stray_a_or_b():
 def test_induction_small_t_rule(seq_len, expected):
     spec = InductionProbeSpec(n_examples=30, seq_len=seq_len, token_low=0, token_high=100, seed=0)
     assert spec.p_range == expected
-    _check_induction_structure(make_induction_probe(spec), spec)
+    _check_induction_structure(spec.build(), spec)
 
 
 def test_induction_probe_seeded():
     spec = InductionProbeSpec(n_examples=16, seq_len=32, token_low=0, token_high=256, seed=7)
-    one, two = make_induction_probe(spec), make_induction_probe(spec)
+    one, two = spec.build(), spec.build()
     assert torch.equal(one.tokens, two.tokens) and torch.equal(one.duplicate_pos, two.duplicate_pos)
-    other = make_induction_probe(InductionProbeSpec(16, 32, 0, 256, seed=8))
+    other = InductionProbeSpec(16, 32, 0, 256, seed=8).build()
     assert not torch.equal(one.tokens, other.tokens)
 
 
@@ -167,7 +170,7 @@ def test_reference_spec_and_json_round_trip():
     spec = reference_probe_spec()
     assert (spec.n_examples, spec.seq_len, spec.token_low, spec.token_high) == (2000, 256, 100, 10000)
     assert InductionProbeSpec.from_json(spec.to_json()) == spec
-    assert make_induction_probe(default_zoo_probe_spec()).spec["task"] == "induction"
+    assert default_zoo_probe_spec().build().spec["task"] == "induction"
 
 
 @pytest.mark.parametrize(
@@ -229,9 +232,7 @@ def test_valid_text_queries_on_hand_made_window():
 
 
 def test_every_text_query_leaves_keys_for_the_null():
-    from core.stats.selectivity import null_target_positions
-
-    batch = make_text_probe(TextProbeSpec(n_examples=64, seq_len=24, seed=3))  # short windows: q near the minimum
+    batch = TextProbeSpec(n_examples=64, seq_len=24, seed=3).build()  # short windows: q near the minimum
     draws = null_target_positions(batch.query_pos, batch.induction_pos, batch.duplicate_pos, n_draws=5)
     assert draws.shape == (5, 64)
     assert TextProbeSpec(4, 24, 3).to_json()["min_query_pos"] == 16  # part of the cache key
@@ -239,7 +240,7 @@ def test_every_text_query_leaves_keys_for_the_null():
 
 def test_text_probe_structure():
     spec = TextProbeSpec(n_examples=40, seq_len=48, seed=5)
-    batch = make_text_probe(spec)
+    batch = spec.build()
     held = bytes(load_text_bytes("heldout").tolist())
     assert batch.tokens.shape == (40, 48)
     assert (batch.tokens[:, 0] == BOS).all()
@@ -257,9 +258,9 @@ def test_text_probe_structure():
 
 def test_text_probe_seeded():
     spec = TextProbeSpec(n_examples=10, seq_len=32, seed=1)
-    one, two = make_text_probe(spec), make_text_probe(spec)
+    one, two = spec.build(), spec.build()
     assert torch.equal(one.tokens, two.tokens) and torch.equal(one.query_pos, two.query_pos)
-    other = make_text_probe(TextProbeSpec(n_examples=10, seq_len=32, seed=2))
+    other = TextProbeSpec(n_examples=10, seq_len=32, seed=2).build()
     assert not torch.equal(one.tokens, other.tokens)
     assert TextProbeSpec.from_json(spec.to_json()) == spec
 
@@ -276,6 +277,49 @@ def test_text_spec_errors():
     TextProbeSpec(4, 64, 0).check_vocab(260)
     with pytest.raises(HeadLabError, match="vocabulary"):
         TextProbeSpec(4, 64, 0).check_vocab(104)
+
+
+# ---------------------------------------------------------------- the probe spec protocol
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_probe_spec_round_trips_through_every_json_shape(task):
+    """spec_from_json reads a spec's to_json, its batch's spec (with provenance keys) and a JSON string."""
+    spec = probe_spec(task, n_examples=6, seq_len=32, seed=3)
+    assert spec.task == task and spec.to_json()["task"] == task
+    batch = spec.build()
+    assert batch.n_examples == 6 and batch.seq_len == 32 and batch.spec["task"] == task
+    assert spec_from_json(spec.to_json()) == spec
+    assert spec_from_json(batch.spec) == spec
+    assert spec_from_json(json.dumps(spec.to_json(), sort_keys=True)) == spec
+    assert torch.equal(spec_from_json(batch.spec).build().tokens, batch.tokens)
+
+
+def test_probe_spec_defaults_and_errors():
+    assert probe_spec("induction") == default_zoo_probe_spec()
+    assert probe_spec("text") == TextProbeSpec(256, 64, 42)
+    assert probe_spec("induction", 8, 32, 1, 100, 200).token_high == 200
+    with pytest.raises(HeadLabError, match="unknown probe task"):
+        probe_spec("copy")
+    with pytest.raises(HeadLabError, match="unknown probe task"):
+        spec_from_json({"task": "copy", "n_examples": 4})
+    with pytest.raises(HeadLabError, match="malformed"):
+        spec_from_json({"task": "induction", "n_examples": 4})
+    with pytest.raises(HeadLabError):
+        spec_from_json({"task": "text", "n_examples": 4, "seq_len": 8, "seed": 0})  # too short: validated
+
+
+def test_probe_batch_check_vocab():
+    batch = _hand_batch()  # tokens 0..19, targets 3 and 4
+    batch.check_vocab(20)
+    with pytest.raises(HeadLabError, match="vocabulary"):
+        batch.check_vocab(19)
+    with pytest.raises(HeadLabError, match="vocabulary"):
+        _hand_batch(target=torch.tensor([3, 25])).check_vocab(20)
+
+
+def test_token_label():
+    assert [token_label(t) for t in (65, 32, 10, 256, 259, 300)] == ["A", "␣", "\\x0a", "<bos>", "<sep>", "300"]
 
 
 # ---------------------------------------------------------------- [HHG] sequences

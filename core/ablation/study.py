@@ -1,0 +1,222 @@
+"""A study over conditions: a selection, its random controls and the upper bound, with statistics and verdicts.
+
+`ablation_study(model, batch, selection, settings)` draws the controls (core/stats/controls.py), runs
+every condition through the engine, and turns the per-example metrics into deltas, z, rank, p,
+bootstrap intervals and the recipe and closure verdicts (core/stats/inference.py). `AblationSettings`
+holds every method parameter in one frozen, hashable value (the pages use it as a cache key).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from core.ablation.engine import run_conditions
+from core.ablation.spec import MODES, Ablation, ConditionMetrics
+from core.errors import HeadLabError
+from core.heads import HeadSet, head_name
+from core.model.hooks import model_shape
+from core.results import JsonResult
+from core.stats.controls import (CONTROL_KINDS, ControlSets, _check_selection, any_layer_random_controls,
+                                 matched_random_controls, upper_bound)
+from core.stats.inference import (DAMAGE_SIGN, METRICS, Verdict, bootstrap_ci, canonical_metric, closure_verdict,
+                                  empirical_rank_p, is_damaging, recipe_verdict, z_score)
+
+
+@dataclass(frozen=True)
+class AblationSettings(JsonResult):
+    """Everything that determines an AblationResult besides the model, the batch and the selection.
+
+    n_controls: random control draws; controls: "matched" (same count in each selected layer) or
+    "any-layer" (same size anywhere); mode: "zero" or "mean"; seed: the control draws' seed;
+    metrics: measured metrics (reference names accepted, stored canonical); n_boot, boot_seed: the
+    paired bootstrap; chunk_size: conditions stacked per forward (None: 1 on CPU, memory-sized on
+    CUDA); z_threshold: the closure rule's |z|; min_*: the recipe verdict's thresholds [SPC].
+    """
+
+    n_controls: int = 20
+    controls: str = "matched"
+    mode: str = "zero"
+    seed: int = 123
+    metrics: tuple[str, ...] = METRICS
+    include_upper_bound: bool = True
+    n_boot: int = 2000
+    boot_seed: int = 0
+    chunk_size: int | None = None
+    z_threshold: float = 1.8
+    min_controls: int = 19
+    min_clean_top1: float = 0.2
+    min_upper_bound_fraction: float = 0.9
+
+    def __post_init__(self) -> None:
+        for name in ("n_controls", "seed", "n_boot", "boot_seed", "min_controls"):
+            object.__setattr__(self, name, int(getattr(self, name)))
+        for name in ("z_threshold", "min_clean_top1", "min_upper_bound_fraction"):
+            object.__setattr__(self, name, float(getattr(self, name)))
+        object.__setattr__(self, "include_upper_bound", bool(self.include_upper_bound))
+        if self.controls not in CONTROL_KINDS:
+            raise HeadLabError(f"control kind {self.controls!r} is unknown; use 'matched' or 'any-layer'.")
+        if self.mode not in MODES:
+            raise HeadLabError(f"ablation mode {self.mode!r} is unknown; use 'zero' or 'mean'.")
+        metrics = (self.metrics,) if isinstance(self.metrics, str) else tuple(self.metrics)
+        if not metrics:
+            raise HeadLabError(f"metrics is empty; name at least one of {', '.join(METRICS)}.")
+        object.__setattr__(self, "metrics", tuple(canonical_metric(m) for m in metrics))
+        if self.n_controls < 1:
+            raise HeadLabError(f"n_controls is {self.n_controls}; ask for at least one control draw.")
+        if self.n_boot < 1:
+            raise HeadLabError(f"n_boot is {self.n_boot}; the bootstrap needs at least one resample.")
+        if self.chunk_size is not None:
+            object.__setattr__(self, "chunk_size", int(self.chunk_size))
+            if self.chunk_size < 1:
+                raise HeadLabError(f"chunk_size is {self.chunk_size}; stack at least one condition, or pass None.")
+        if not self.z_threshold > 0:
+            raise HeadLabError(f"z_threshold is {self.z_threshold:g}; it must be positive (the paper uses 1.8).")
+        if self.min_controls < 1:
+            raise HeadLabError(f"min_controls is {self.min_controls}; the recipe verdict needs at least one control.")
+        for name in ("min_clean_top1", "min_upper_bound_fraction"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise HeadLabError(f"{name} is {getattr(self, name):g}; it is a fraction, between 0 and 1.")
+
+
+@dataclass(frozen=True, eq=False)
+class AblationResult(JsonResult):
+    """Clean run, candidate, controls and upper bound, per-metric statistics and verdicts."""
+
+    selection: HeadSet
+    mode: str
+    clean: ConditionMetrics
+    candidate: ConditionMetrics
+    controls: tuple[ConditionMetrics, ...]
+    control_sets: ControlSets
+    upper_bound: ConditionMetrics | None
+    stats: dict
+    verdicts: dict[str, Verdict]
+    notes: tuple[str, ...]
+    provenance: dict
+
+
+def condition_stats(
+    clean: ConditionMetrics, candidate: ConditionMetrics, controls: Sequence[ConditionMetrics],
+    upper: ConditionMetrics | None = None, metrics: Sequence[str] = METRICS, n_boot: int = 2000, boot_seed: int = 0,
+) -> dict[str, dict]:
+    """Per metric: candidate delta and its bootstrap CI, control deltas, z, rank and p, damage flags."""
+    out = {}
+    for metric in (canonical_metric(m) for m in metrics):
+        cand_delta = candidate.delta(clean, metric)  # [example]
+        cand_mean = float(cand_delta.mean())
+        ctrl = [float(c.delta(clean, metric).mean()) for c in controls]
+        entry = {
+            "clean": clean.mean(metric), "candidate_delta": cand_mean,
+            "candidate_ci": list(bootstrap_ci(cand_delta, n_boot=n_boot, seed=boot_seed)),
+            "control_deltas": ctrl, "damaging": is_damaging(metric, cand_mean),
+            "upper_bound_delta": None if upper is None else float(upper.delta(clean, metric).mean()),
+        }
+        if ctrl:
+            arr = np.asarray(ctrl)
+            rp = empirical_rank_p(cand_mean, ctrl, DAMAGE_SIGN[metric])
+            entry.update(control_mean=float(arr.mean()), control_std=float(arr.std(ddof=0)),
+                         z=z_score(cand_mean, ctrl), rank=rp.rank, p=rp.p)
+        out[metric] = entry
+    return out
+
+
+def ablation_study(
+    model: Any,
+    batch: Any,
+    selection: HeadSet,
+    settings: AblationSettings = AblationSettings(),
+    *,
+    device: str | torch.device | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    cancel: Callable[[], bool] | None = None,
+) -> AblationResult:
+    """Ablate `selection`, its controls and (unless settings say no) the upper bound; compute stats and verdicts.
+
+    batch: tokens [example, pos], query_pos [example], target [example] (a ProbeBatch).
+    progress(done, total) and cancel() are passed to the engine (run_conditions).
+    """
+    s = settings
+    metrics = list(s.metrics)
+    n_layers, n_heads, _ = model_shape(model)
+    selection = _check_selection(selection, n_layers, n_heads)
+    if s.controls == "matched":
+        sets = matched_random_controls(selection, n_layers, n_heads, s.n_controls, s.seed)
+    else:
+        sets = any_layer_random_controls(selection, n_layers, n_heads, s.n_controls, s.seed)
+    conditions = [Ablation(selection, (), s.mode, "candidate")]
+    conditions += [Ablation(c, (), s.mode, f"control {i}") for i, c in enumerate(sets)]
+    if s.include_upper_bound:
+        conditions.append(Ablation(upper_bound(selection, n_heads), (), s.mode, "upper bound"))
+    notes: list[str] = [sets.note] if sets.note else []
+    clean, results = run_conditions(model, batch, conditions, chunk_size=s.chunk_size, device=device,
+                                    progress=progress, cancel=cancel, notes=notes)
+    candidate = results[0]
+    control_results = tuple(results[1 : 1 + len(sets)])
+    upper = results[-1] if s.include_upper_bound else None
+    stats = condition_stats(clean, candidate, control_results, upper, metrics, s.n_boot, s.boot_seed)
+    cand_d = {m: stats[m]["candidate_delta"] for m in metrics}
+    ctrl_d = {m: stats[m]["control_deltas"] for m in metrics}
+    verdicts: dict[str, Verdict] = {}
+    if s.controls == "matched" and "loss" in metrics and "top1" in metrics:
+        ub = None if upper is None else {"top1": stats["top1"]["upper_bound_delta"]}
+        verdicts["recipe"] = recipe_verdict(cand_d, ctrl_d, clean.mean("top1"), ub, s.min_controls, s.min_clean_top1,
+                                            s.min_upper_bound_fraction)
+    headline = "logit" if "target_logit" in metrics else "loss"
+    if headline == "loss" and "loss" not in metrics:
+        notes.append("no closure verdict: it needs the loss or the target logit.")
+    else:
+        verdicts["closure_paper"] = closure_verdict(cand_d, ctrl_d, "paper", headline, s.z_threshold)
+        verdicts["closure_reference"] = closure_verdict(cand_d, ctrl_d, "reference", headline, s.z_threshold)
+    if s.mode == "mean":
+        notes.append("mean ablation: each head output replaced by its per-position mean over the probe examples (clean run).")
+    provenance = {
+        "model": str(getattr(model.cfg, "model_name", "")), "n_layers": n_layers, "n_heads": n_heads,
+        "batch": dict(getattr(batch, "spec", {}) or {}), "n_examples": int(batch.tokens.shape[0]),
+        "seq_len": int(batch.tokens.shape[1]), "controls": s.controls, "control_seed": s.seed,
+        "mode": s.mode, "bootstrap": {"n_boot": s.n_boot, "seed": s.boot_seed, "level": 0.95},
+        "ablation_site": "blocks.{l}.attn.hook_z (head output before W_O), every position",
+        "torch": torch.__version__,
+    }
+    return AblationResult(selection, s.mode, clean, candidate, control_results, sets, upper, stats, verdicts,
+                          tuple(notes), provenance)
+
+
+def summarize_ablation(result: AblationResult) -> dict:
+    """The figures a reader wants first: mean deltas, z, p, and every verdict with its rule."""
+    out = {"selection": [head_name(h) for h in result.selection], "n_controls": len(result.controls),
+           "notes": list(result.notes), "metrics": {}, "verdicts": {}}
+    for metric, stats in result.stats.items():
+        out["metrics"][metric] = {key: stats.get(key) for key in
+                                  ("clean", "candidate_delta", "control_mean", "control_std", "z", "p",
+                                   "rank", "upper_bound_delta", "candidate_ci") if key in stats}
+    for name, verdict in result.verdicts.items():
+        out["verdicts"][name] = {"label": verdict.label, "rule": verdict.rule}
+    return out
+
+
+def example_damage(clean: ConditionMetrics, ablated: ConditionMetrics, metric: str = "loss") -> np.ndarray:
+    """Each example's damage from the ablation, signed so that positive is worse: [example].
+
+    Loss up is damage; top-1, top-5 and the target logit down are damage.
+    """
+    return DAMAGE_SIGN[canonical_metric(metric)] * ablated.delta(clean, metric)
+
+
+def worst_examples(damage: np.ndarray, n: int | None = 5) -> list[int]:
+    """The examples with the largest damage [example], worst first (stable on ties); all when n is None."""
+    order = np.argsort(-np.asarray(damage), kind="stable")
+    return [int(i) for i in (order if n is None else order[:n])]
+
+
+def ablate_alone(model: Any, batch: Any, head: tuple[int, int], mode: str = "zero") -> tuple[ConditionMetrics, ConditionMetrics]:
+    """One head ablated on its own, no controls: (clean, ablated) per-example metrics.
+
+    The head inspector's "which examples does this head matter for": one engine pass, for
+    `example_damage` / `worst_examples`. batch: a ProbeBatch (tokens [example, pos]).
+    """
+    clean, (alone,) = run_conditions(model, batch, [Ablation(HeadSet((head,)), mode=mode, label=head_name(head))])
+    return clean, alone

@@ -1,0 +1,137 @@
+"""Benchmark: the ablation engine against one full run_with_hooks forward per condition.
+
+`python -m core bench ablation` times `run_conditions` (prefix reuse, stacked conditions) and the
+naive loop on the same random 8-layer model and the same conditions, and reports the speed-up and
+the largest metric difference (which must stay at float rounding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from core.ablation.engine import run_conditions
+from core.ablation.spec import Ablation, query_metrics
+from core.heads import HeadSet
+from core.model.hooks import hook_name, model_shape
+from core.stats.controls import matched_random_controls, upper_bound
+from core.stats.inference import METRICS
+
+
+def _bench_model(seed: int):
+    """An 8-layer, 8-head GPT-NeoX (d_model 256) with random weights, booted as a TransformerBridge."""
+    # Heavy (about 10 s on these CPUs): imported when the bench runs, not whenever `python -m core` builds its parser.
+    from transformer_lens.model_bridge import TransformerBridge  # heavy, see above
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM  # heavy, see above
+
+    config = GPTNeoXConfig(
+        vocab_size=260, hidden_size=256, num_hidden_layers=8, num_attention_heads=8, intermediate_size=1024,
+        max_position_embeddings=512, rotary_pct=1.0, use_parallel_residual=True, tie_word_embeddings=False,
+        bos_token_id=256, eos_token_id=258, pad_token_id=257,
+    )
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    hf = GPTNeoXForCausalLM(config).eval()
+    with tempfile.TemporaryDirectory(prefix="headlab-bench-") as folder:
+        hf.save_pretrained(folder)
+        model = TransformerBridge.boot_transformers(folder, hf_model=hf, device="cpu")
+    model.eval()
+    return model
+
+
+class _BenchBatch:
+    def __init__(self, tokens, query_pos, target):
+        self.tokens, self.query_pos, self.target, self.spec = tokens, query_pos, target, {"task": "bench"}
+
+
+@torch.no_grad()
+def _naive_conditions(model: Any, batch: Any, conditions: Sequence[Ablation]) -> list[dict[str, np.ndarray]]:
+    """The naive way: one full forward per condition (clean first), zeroing hook_z slices."""
+    rows = torch.arange(batch.tokens.shape[0])
+    out = []
+    for ablation in [Ablation()] + list(conditions):
+        hooks = []
+        for layer in ablation.heads.layers:
+            heads = [h for l, h in ablation.heads if l == layer]
+
+            def zero(z, hook=None, heads=heads):
+                z = z.clone()
+                z[:, :, heads, :] = 0
+                return z
+
+            hooks.append((hook_name("z", layer), zero))
+        logits = model.run_with_hooks(batch.tokens, fwd_hooks=hooks)
+        metrics = query_metrics(logits[rows, batch.query_pos], batch.target)
+        out.append({k: v.double().numpy() for k, v in metrics.items()})
+    return out
+
+
+def bench_ablation(n_examples: int = 64, seq_len: int = 64, n_controls: int = 20, repeats: int = 3, seed: int = 0,
+                   chunk_size: int | None = None) -> dict:
+    """Time the engine and the naive loop on the same conditions; report medians, ratio and max difference."""
+    torch.set_num_threads(2)
+    model = _bench_model(seed)
+    n_layers, n_heads, _ = model_shape(model)
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, 256, (n_examples, seq_len), generator=gen)
+    query_pos = torch.full((n_examples,), seq_len - 1, dtype=torch.long)
+    target = torch.randint(0, 256, (n_examples,), generator=gen)
+    batch = _BenchBatch(tokens, query_pos, target)
+    selection = HeadSet(((4, 1), (4, 5), (6, 2)))
+    sets = matched_random_controls(selection, n_layers, n_heads, n_controls, seed=123)
+    conditions = [Ablation(selection, label="candidate")] + [Ablation(s, label=f"control {i}") for i, s in enumerate(sets)]
+    conditions.append(Ablation(upper_bound(selection, n_heads), label="upper bound"))
+    naive_times, engine_times = [], []
+    naive_cpu, engine_cpu = [], []  # process CPU time: robust when other processes share the cores
+    max_diff = 0.0
+    notes: list[str] = []
+    for r in range(repeats):
+        t0, c0 = time.perf_counter(), time.process_time()
+        naive = _naive_conditions(model, batch, conditions)
+        naive_times.append(time.perf_counter() - t0)
+        naive_cpu.append(time.process_time() - c0)
+        t0, c0 = time.perf_counter(), time.process_time()
+        clean, results = run_conditions(model, batch, conditions, chunk_size=chunk_size, notes=notes if r == 0 else None)
+        engine_times.append(time.perf_counter() - t0)
+        engine_cpu.append(time.process_time() - c0)
+        for ref, got in zip(naive, [clean] + results):
+            for metric in METRICS:
+                max_diff = max(max_diff, float(np.abs(ref[metric] - got.values(metric)).max()))
+    naive_s, engine_s = statistics.median(naive_times), statistics.median(engine_times)
+    return {
+        "naive_s": naive_s, "engine_s": engine_s, "speedup": naive_s / engine_s, "max_metric_diff": max_diff,
+        "speedup_per_repeat": [n / e for n, e in zip(naive_times, engine_times)],
+        "naive_cpu_s": statistics.median(naive_cpu), "engine_cpu_s": statistics.median(engine_cpu),
+        "speedup_cpu": statistics.median(naive_cpu) / statistics.median(engine_cpu),
+        "n_examples": n_examples, "seq_len": seq_len, "n_conditions": len(conditions) + 1,
+        "n_controls": len(sets), "selection": str(selection), "lowest_ablated_layer": 4,
+        "model": "GPT-NeoX 8 layers x 8 heads, d_model 256, vocab 260, random weights",
+        "repeats": repeats, "naive_times_s": naive_times, "engine_times_s": engine_times,
+        "chunk_size": chunk_size or 1, "device": "cpu", "threads": torch.get_num_threads(), "notes": notes,
+    }
+
+
+def add_bench_ablation_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--n-examples", type=int, default=64, help="probe examples N (default 64)")
+    parser.add_argument("--seq-len", type=int, default=64, help="sequence length T (default 64)")
+    parser.add_argument("--controls", type=int, default=20, help="matched-random controls (default 20)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats; medians are reported (default 3)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random model and batch")
+    parser.add_argument("--chunk-size", type=int, default=None, help="conditions stacked per forward (default 1 on CPU)")
+
+
+def cli_bench_ablation(args: argparse.Namespace) -> dict:
+    result = bench_ablation(args.n_examples, args.seq_len, args.controls, args.repeats, args.seed, args.chunk_size)
+    print(
+        f"ablation bench (N={result['n_examples']}, T={result['seq_len']}, {result['n_conditions']} conditions incl. clean, "
+        f"selection {result['selection']}): naive {result['naive_s']:.3f}s, engine {result['engine_s']:.3f}s, "
+        f"speedup {result['speedup']:.2f}x (CPU time: {result['speedup_cpu']:.2f}x), "
+        f"max metric diff {result['max_metric_diff']:.2e}"
+    )
+    return result

@@ -1,0 +1,172 @@
+"""The probe benchmark: the instrumented pass timed against a bare forward and three reference passes.
+
+The reference analysis scripts run three separate hooked forwards (head outputs, pattern summaries,
+max attention); `core.probe.collect_head_stats` does all three in one. The reference-style passes
+here reproduce that habit so `bench_probe` can time it, and the tests check that they agree with
+the one pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Optional
+
+import torch
+
+from core.model.hooks import _bind, hook_name, model_vocab_size
+from core.model.loading import load_model
+from core.model.refs import ModelRef
+from core.probe import collect_head_stats, gather_query_rows, pattern_summaries, summary_weights
+from core.tasks import PATTERNS, InductionProbeSpec
+
+
+def _chunked(batch, chunk_size: int, device):
+    for start in range(0, batch.n_examples, int(chunk_size)):
+        sl = slice(start, min(batch.n_examples, start + int(chunk_size)))
+        yield sl, batch.tokens[sl].to(device), batch.query_pos[sl].to(device)
+
+
+def bare_pass(model, batch, chunk_size: int = 64, device="cpu") -> None:
+    """A forward over the batch with no hooks (the cost floor)."""
+    with torch.inference_mode():
+        for _, tokens, _ in _chunked(batch, chunk_size, device):
+            model(tokens)
+
+
+def reference_pr_pass(model, batch, chunk_size: int = 64, device="cpu") -> torch.Tensor:
+    """Reference style, pass 1 of 3: a full forward carrying only hook_z hooks -> z at q [example, layer, head, d_head]."""
+    n_layers = int(model.cfg.n_layers)
+    out = torch.empty(batch.n_examples, n_layers, int(model.cfg.n_heads), int(model.cfg.d_head))
+    state = {}
+
+    def hook(z, hook, layer):
+        ar = torch.arange(z.shape[0], device=z.device)
+        out[state["sl"], layer] = z[ar, state["q"]].float().cpu()
+
+    hooks = [(hook_name("z", l), _bind(hook, l)) for l in range(n_layers)]
+    with torch.inference_mode(), model.hooks(fwd_hooks=hooks):
+        for sl, tokens, q in _chunked(batch, chunk_size, device):
+            state.update(sl=sl, q=q)
+            model(tokens)
+    return out
+
+
+def reference_pattern_pass(model, batch, chunk_size: int = 64, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference style, pass 2 of 3: pattern summaries -> ([pattern, example, layer, head], baseline [example, layer, head])."""
+    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    pats = torch.empty(len(PATTERNS), batch.n_examples, n_layers, n_heads)
+    base = torch.empty(batch.n_examples, n_layers, n_heads)
+    weights = summary_weights(batch)
+    state = {}
+
+    def hook(pattern, hook, layer):
+        sl = state["sl"]
+        rows = gather_query_rows(pattern, state["q"])
+        summ = pattern_summaries(rows, weights[sl].to(rows.device))[0].cpu()
+        pats[:, sl, layer], base[sl, layer] = summ[..., : len(PATTERNS)].permute(2, 0, 1), summ[..., len(PATTERNS)]
+
+    hooks = [(hook_name("pattern", l), _bind(hook, l)) for l in range(n_layers)]
+    with torch.inference_mode(), model.hooks(fwd_hooks=hooks):
+        for sl, tokens, q in _chunked(batch, chunk_size, device):
+            state.update(sl=sl, q=q)
+            model(tokens)
+    return pats, base
+
+
+def reference_max_pass(model, batch, chunk_size: int = 64, device="cpu") -> torch.Tensor:
+    """Reference style, pass 3 of 3: the co-activation signal, max attention at q -> [example, layer, head]."""
+    n_layers = int(model.cfg.n_layers)
+    out = torch.empty(batch.n_examples, n_layers, int(model.cfg.n_heads))
+    state = {}
+
+    def hook(pattern, hook, layer):
+        out[state["sl"], layer] = gather_query_rows(pattern, state["q"]).amax(-1).cpu()
+
+    hooks = [(hook_name("pattern", l), _bind(hook, l)) for l in range(n_layers)]
+    with torch.inference_mode(), model.hooks(fwd_hooks=hooks):
+        for sl, tokens, q in _chunked(batch, chunk_size, device):
+            state.update(sl=sl, q=q)
+            model(tokens)
+    return out
+
+
+def three_pass(model, batch, chunk_size: int = 64, device="cpu") -> None:
+    """The reference scripts' way: three full forwards, each with only its own hooks."""
+    reference_pr_pass(model, batch, chunk_size, device)
+    reference_pattern_pass(model, batch, chunk_size, device)
+    reference_max_pass(model, batch, chunk_size, device)
+
+
+def bench_probe(model, batch, repeats: int = 5, chunk_size: int = 64, device="cpu") -> dict:
+    """Median wall time of bare, instrumented and three-pass runs over the same batch, and their ratios.
+
+    The runs are interleaved (bare, instrumented, three-pass, repeat) after one warm-up of each, so
+    drifts in machine load hit all three alike.
+    """
+    runs = {
+        "bare_s": lambda: bare_pass(model, batch, chunk_size, device),
+        "instrumented_s": lambda: collect_head_stats(model, batch, chunk_size, device),
+        "three_pass_s": lambda: three_pass(model, batch, chunk_size, device),
+    }
+    for fn in runs.values():
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    for _ in range(max(1, int(repeats))):
+        for key, fn in runs.items():
+            start = time.perf_counter()
+            fn()
+            times[key].append(time.perf_counter() - start)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {
+        **med,
+        "overhead_ratio": med["instrumented_s"] / med["bare_s"],
+        "speedup_vs_three_pass": med["three_pass_s"] / med["instrumented_s"],
+        "n_examples": batch.n_examples,
+        "seq_len": batch.seq_len,
+        "chunk_size": int(chunk_size),
+        "repeats": int(repeats),
+        "n_layers": int(model.cfg.n_layers),
+        "n_heads": int(model.cfg.n_heads),
+        "d_model": int(model.cfg.d_model),
+    }
+
+
+def add_bench_probe_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="induction-neox",
+                        help="zoo name, local Hugging Face folder or hub name (default: the quick zoo induction model)")
+    parser.add_argument("--revision", default=None, help="checkpoint revision (default: the final one)")
+    parser.add_argument("--n", type=int, default=256, help="probe sequences (default 256)")
+    parser.add_argument("--seq-len", type=int, default=64, help="probe length T (default 64)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats; medians are reported (default 5)")
+    parser.add_argument("--chunk-size", type=int, default=64, help="examples per forward (default 64)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (default 1: on shared CPUs more threads make the ratios noisy)")
+    parser.add_argument("--device", default="cpu")
+
+
+def load_bench_model(text: str, revision: Optional[str] = None, device: str = "cpu"):
+    """A zoo name / local folder / hub name, loaded as HeadLab loads every model."""
+    return load_model(ModelRef.parse(text), revision, device=device)
+
+
+def cli_bench_probe(args: argparse.Namespace) -> dict:
+    """`python -m core bench probe`: print the timing table and return it (the CLI writes --json)."""
+    torch.set_num_threads(int(args.threads))
+    model = load_bench_model(args.model, args.revision, args.device)
+    vocab = model_vocab_size(model)
+    spec = InductionProbeSpec(n_examples=args.n, seq_len=args.seq_len, token_low=0,
+                              token_high=min(256, vocab), seed=42)
+    batch = spec.build()
+    result = bench_probe(model, batch, repeats=args.repeats, chunk_size=args.chunk_size, device=args.device)
+    result["model"] = str(args.model)
+    print(f"probe N={result['n_examples']} T={result['seq_len']} chunk={result['chunk_size']} "
+          f"model {args.model} ({result['n_layers']} layers x {result['n_heads']} heads, d_model {result['d_model']}); "
+          f"medians of {result['repeats']}")
+    print(f"  {'bare forward':<28}{result['bare_s']:9.4f} s")
+    print(f"  {'instrumented (one pass)':<28}{result['instrumented_s']:9.4f} s   "
+          f"{result['overhead_ratio']:.2f}x bare (target <= 1.5x)")
+    print(f"  {'three reference passes':<28}{result['three_pass_s']:9.4f} s   "
+          f"instrumented is {result['speedup_vs_three_pass']:.2f}x faster (target >= 2x)")
+    return result

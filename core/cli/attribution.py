@@ -1,0 +1,84 @@
+"""`python -m core attribution`: gradient attribution vs causal importance [HHG] on one model or a zoo preset."""
+
+from __future__ import annotations
+
+import argparse
+
+from tqdm import tqdm
+
+from core.errors import HeadLabError
+from core.model.refs import ModelRef
+from core.pipelines.attribution import analyze_ref, attribution_dir, postfix_progress, run_preset
+from core.pipelines.attribution_results import (
+    ABLATION_MODES,
+    CLASS_RULES,
+    DEFAULT_THRESHOLD,
+    GRADIENT_VARIANTS,
+    AttributionResult,
+    AttributionSettings,
+    AttributionSummary,
+)
+
+
+def add_attribution_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", nargs="?", default=None, help="zoo name, local Hugging Face folder or hub name (omit with --zoo-preset)")
+    parser.add_argument("--task", required=True, choices=("reverse", "sort"), help="the task the model was trained on")
+    parser.add_argument("--zoo-preset", default=None, help="analyse every model of this zoo preset trained on --task (e.g. paper)")
+    parser.add_argument("--revision", default=None, help="checkpoint (default: the last one)")
+    parser.add_argument("--ood-length", type=int, default=None, help="OOD length (default: first of 8..11 with accuracy in [0.20, 0.75])")
+    parser.add_argument("--gradient-variant", choices=GRADIENT_VARIANTS, default="paper", help="paper (W_V+W_O / sqrt(n), default) or reference (W_V rows, raw)")
+    parser.add_argument("--ablation", choices=ABLATION_MODES, default="mean", help="mean (default) or zero ablation")
+    parser.add_argument("--n-batches", type=int, default=50, help="OOD batches for the gradient (default 50)")
+    parser.add_argument("--batch-size", type=int, default=64, help="gradient batch size (default 64)")
+    parser.add_argument("--n-examples", type=int, default=500, help="evaluation examples per accuracy (default 500)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the evaluation examples and gradient batches")
+    parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD, help="rank-difference threshold (default 6)")
+    parser.add_argument("--rule", choices=CLASS_RULES, default="paper", help="paper: d >= threshold; reference: d > threshold")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--force", action="store_true", help="recompute stored per-model results (--zoo-preset)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def cli_attribution(args: argparse.Namespace) -> dict:
+    """One model (MODEL) -> its AttributionResult JSON; --zoo-preset -> the AttributionSummary JSON."""
+    settings = AttributionSettings(
+        task=args.task, gradient_variant=args.gradient_variant, n_batches=args.n_batches, batch_size=args.batch_size,
+        ablation_mode=args.ablation, n_examples=args.n_examples, seed=args.seed, threshold=args.threshold,
+        rule=args.rule, ood_length=args.ood_length,
+    )
+    if args.zoo_preset is not None:
+        if args.model is not None:
+            raise HeadLabError("give either MODEL or --zoo-preset, not both.")
+        summary, paths = run_preset(args.zoo_preset, settings, args.device, not args.no_progress, args.force)
+        print(_summary_line(summary))
+        print(f"per-model results in {attribution_dir()}")
+        out = summary.to_json()
+        out["paths"] = {k: str(v) for k, v in paths.items()}
+        return out
+    if args.model is None:
+        raise HeadLabError("give a MODEL (zoo name or folder) or --zoo-preset paper.")
+    ref = ModelRef.parse(args.model)
+    with tqdm(total=None, desc=f"attribution {ref.name[-40:]}", bar_format="{desc}{postfix}", disable=args.no_progress) as bar:
+        result = analyze_ref(ref, settings, args.revision, args.device, None if args.no_progress else postfix_progress(bar, ""))
+    print(_result_line(result))
+    return result.to_json()
+
+
+def _num(value: float | None, fmt: str = ".3f") -> str:
+    return "undefined" if value is None else format(value, fmt)
+
+
+def _result_line(r: AttributionResult) -> str:
+    ratio = r.joint_bloats.ratio_to_mean
+    return (
+        f"{r.model}: OOD length {r.ood_length} (clean {r.clean_accuracy:.2f}), rho {_num(r.rho)}, "
+        f"heroes {', '.join(r.members('hero')) or 'none'}, bloats {', '.join(r.members('bloat')) or 'none'}, "
+        f"bloat joint/mean-single {_num(ratio, '.1f')}" + ("" if ratio is not None else f" ({r.joint_bloats.reason})")
+    )
+
+
+def _summary_line(s: AttributionSummary) -> str:
+    return (
+        f"{s.task}: {s.n_models} models, rho {_num(s.rho_mean)} +- {_num(s.rho_std)} "
+        f"(min {_num(s.rho_min)}, max {_num(s.rho_max)}), skipped {len(s.skipped)}"
+    )

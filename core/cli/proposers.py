@@ -1,0 +1,34 @@
+"""`python -m core proposers`: four circuit proposals on one checkpoint, each judged by the same closure test."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from core.cli.probe import add_probe_spec_arguments, probe_spec_from_args
+from core.model.refs import ModelRef
+from core.pipelines.proposers import DEFAULT_CONTROLS, proposers_vs_disposer
+
+
+def add_proposers_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="zoo name, local Hugging Face folder, or hub name")
+    parser.add_argument("--revision", default=None, help="checkpoint (default: the final one)")
+    add_probe_spec_arguments(parser)
+    parser.add_argument("--size", type=int, default=None,
+                        help="heads per spectral/gradient proposal (default: the pattern-screen circuit's size)")
+    parser.add_argument("--controls", type=int, default=DEFAULT_CONTROLS, help="random control sets per proposal")
+    parser.add_argument("--control-kind", choices=("any-layer", "matched"), default="any-layer")
+    parser.add_argument("--mode", choices=("zero", "mean"), default="zero")
+    parser.add_argument("--control-seed", type=int, default=123, help="control draw seed")
+
+
+def cli_proposers(args: argparse.Namespace) -> dict:
+    ref = ModelRef.parse(args.model)
+    report = proposers_vs_disposer(ref, args.revision, probe_spec_from_args(args), args.size, args.controls,
+                                   args.control_kind, args.mode, args.control_seed, args.device, progress=print)
+    for row in report.rows():
+        z = {k[2:]: v for k, v in row.items() if k.startswith("z ") and v is not None}
+        z_text = "  ".join(f"z_{m}={v:+.2f}" for m, v in z.items() if not math.isnan(v))
+        print(f"{row['method']:15s} [{row['heads'] or '-'}]  {row['verdict (paper)']}  {z_text}")
+    print(f"survive closure (paper rule): {', '.join(report.survivors()) or 'none'}")
+    return report.to_json()

@@ -1,0 +1,65 @@
+"""`python -m core train` (one model from flags) and `python -m core zoo` (a preset, resumably)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from core.tasks.sequences import SEQ_VOCAB_SIZE
+from core.tasks.vocab import BYTE_VOCAB_SIZE
+from core.workspace import zoo_dir
+from core.zoo.config import FAMILIES, SEQUENCE_TASKS, TASKS
+from core.zoo.presets import ZOO_PRESETS, estimate_zoo, task_recipe, train_zoo, zoo_record
+from core.zoo.train import train_model
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--name", required=True, help="zoo folder name for the model")
+    parser.add_argument("--family", choices=FAMILIES, default="gpt_neox")
+    parser.add_argument("--task", choices=TASKS, default="induction")
+    parser.add_argument("--layers", type=int, default=None, help="default: the task's zoo model")
+    parser.add_argument("--heads", type=int, default=None, help="default: the task's zoo model")
+    parser.add_argument("--d-model", type=int, default=None, help="default: the task's zoo model")
+    parser.add_argument("--d-ff", type=int, default=None, help="MLP width (default 4 x d-model)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps (default: the task's zoo default)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--init-from", default=None, help="continue from this zoo model's final checkpoint")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def cli_train(args: argparse.Namespace) -> dict:
+    """Train one model from flags into zoo_dir()/<name>; returns its zoo record."""
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    base_model, base_train = task_recipe(args.task)
+    d_model = args.d_model or base_model.d_model
+    model_cfg = replace(
+        base_model, family=args.family, n_layers=args.layers or base_model.n_layers,
+        n_heads=args.heads or base_model.n_heads, d_model=d_model, d_ff=args.d_ff or 4 * d_model,
+        vocab_size=SEQ_VOCAB_SIZE if args.task in SEQUENCE_TASKS else BYTE_VOCAB_SIZE,
+    )
+    train_cfg = replace(base_train, seed=args.seed, steps=args.steps or base_train.steps, init_from=args.init_from)
+    manifest = train_model(args.name, model_cfg, train_cfg, zoo_dir() / args.name, progress=not args.no_progress)
+    return zoo_record(manifest)
+
+
+def add_zoo_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", choices=sorted(ZOO_PRESETS), default="quick")
+    parser.add_argument("--only", default=None, help="train only this model of the preset")
+    parser.add_argument("--estimate", action="store_true", help="print the time estimate and train nothing")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--json", type=Path, default=None, help="write the records list here")
+
+
+def cli_zoo(args: argparse.Namespace) -> dict | list:
+    """Train the preset (no-op for trained models) and return one record per model."""
+    if getattr(args, "estimate", False):
+        return estimate_zoo(args.preset, args.only)
+    records = train_zoo(args.preset, progress=not args.no_progress, only=args.only)
+    for r in records:
+        figures = {k: r[k] for k in ("induction_loss", "train_accuracy", "marker_accuracy") if k in r}
+        print(f"{r['name']}: {r['family']} {r['n_layers']}x{r['n_heads']}, {r['checkpoints']} checkpoints, "
+              f"{r['train_seconds']:.0f} s, {figures}")
+    return records

@@ -1,0 +1,244 @@
+"""Which model and which checkpoint: references, the zoo's manifests, hub revisions, weight fingerprints.
+
+A model is named by a `ModelRef`: a zoo model trained by HeadLab (`$HEADLAB_HOME/zoo/<name>/`), a
+local Hugging Face folder, or a Hugging Face hub name. Each has training checkpoints
+(`Checkpoint`: revision, step, tokens seen), listed by the zoo's manifest.json, or by the hub's
+branch names (Pythia `step{N}`, OLMo `step{N}-tokens{X}B`). Nothing here reads weights;
+loading is core/model/loading.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+import huggingface_hub
+
+from core.errors import HeadLabError
+from core.results import JsonResult
+from core.workspace import zoo_dir
+
+KINDS = ("zoo", "local", "hub")
+PYTHIA_TOKENS_PER_STEP = 2_097_152  # 1024 sequences x 2048 tokens per Pythia optimizer step
+UNKNOWN_TOKENS = -1  # a checkpoint whose token count is not known (a bare local folder)
+RETRAIN_HINT = "python -m core zoo --preset quick"
+MANIFEST = "manifest.json"
+# Weights up to this size are hashed in full for the fingerprint; larger ones by name, size, mtime.
+FULL_HASH_LIMIT = 64 * 2**20
+_HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.\-]*/[A-Za-z0-9][\w.\-]*$")
+_PYTHIA_REVISION = re.compile(r"^step(\d+)$")
+_OLMO_REVISION = re.compile(r"^step(\d+)-tokens(\d+(?:\.\d+)?)B$")
+
+
+# ----------------------------------------------------------------------------- references
+
+
+@dataclass(frozen=True)
+class ModelRef(JsonResult):
+    """A model: `kind` "zoo" (name under zoo_dir()), "local" (absolute folder) or "hub" (org/name)."""
+
+    name: str
+    kind: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"ModelRef.kind must be one of {KINDS}, got {self.kind!r}")
+
+    @staticmethod
+    def parse(text: str) -> "ModelRef":
+        """Read a model the way a user types it: a folder path, a zoo name, or org/model."""
+        text = str(text).strip()
+        if text and Path(text).expanduser().is_dir():
+            return ModelRef(str(Path(text).expanduser().resolve()), "local")
+        zoo = list_zoo()
+        if text in zoo:
+            return ModelRef(text, "zoo")
+        if _HUB_NAME.match(text):
+            return ModelRef(text, "hub")
+        names = ", ".join(zoo) if zoo else f"none yet (run {RETRAIN_HINT})"
+        raise HeadLabError(
+            f"unknown model {text!r}; zoo models: {names}; or give a local Hugging Face folder "
+            "or a hub name like EleutherAI/pythia-160m."
+        )
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class Checkpoint(JsonResult):
+    """One training checkpoint: its revision name, optimizer step and tokens seen (-1: unknown)."""
+
+    revision: str
+    step: int
+    tokens: int
+
+
+def list_zoo() -> list[str]:
+    """Names of the zoo models present (folders under zoo_dir() holding a manifest.json)."""
+    return sorted(p.name for p in zoo_dir().iterdir() if (p / MANIFEST).is_file())
+
+
+def read_manifest(model: str | Path, missing_ok: bool = False) -> dict | None:
+    """The manifest of a zoo model (`model` a name) or of a model folder (`model` a Path), as a dict.
+
+    Its checkpoints are checked to name a revision, step and tokens (other keys, like a training
+    loss, are kept). A missing manifest is None when `missing_ok` (training asks before it starts),
+    else HeadLabError; an unreadable one is always HeadLabError.
+    """
+    folder = model if isinstance(model, Path) else zoo_dir() / model
+    path = folder / MANIFEST
+    if not path.is_file():
+        if missing_ok:
+            return None
+        if not isinstance(model, Path):
+            names = ", ".join(list_zoo()) or f"none yet (run {RETRAIN_HINT})"
+            raise HeadLabError(f"unknown zoo model {model!r}; zoo models: {names}.")
+    try:
+        manifest = json.loads(path.read_text())
+        manifest["checkpoints"] = [{**c, **Checkpoint.from_json(c).to_json()} for c in manifest["checkpoints"]]
+        return manifest
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise HeadLabError(
+            f"manifest {path} is unreadable ({type(exc).__name__}: {exc}); delete the model "
+            f"folder {path.parent} and retrain it (e.g. {RETRAIN_HINT})."
+        ) from None
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def parse_revision(model_name: str, revision: str) -> tuple[int, int] | None:
+    """(step, tokens) from a hub revision name, or None when the name carries no token count.
+
+    OLMo names carry the count: `step{N}-tokens{X}B` -> X * 1e9. Pythia names carry only the
+    step: `step{N}` -> N * 2,097,152 tokens, applied only to models named like Pythia, since
+    tokens per step is a property of Pythia's batch size.
+    """
+    match = _OLMO_REVISION.match(revision)
+    if match:
+        try:
+            tokens = int(Decimal(match.group(2)) * 10**9)
+        except InvalidOperation:
+            return None
+        return int(match.group(1)), tokens
+    match = _PYTHIA_REVISION.match(revision)
+    if match and "pythia" in model_name.lower():
+        step = int(match.group(1))
+        return step, step * PYTHIA_TOKENS_PER_STEP
+    return None
+
+
+def tokens_from_revision(model_name: str, revision: str) -> int | None:
+    """Tokens seen at a hub revision (Pythia `step{N}`, OLMo `step{N}-tokens{X}B`), else None."""
+    parsed = parse_revision(model_name, revision)
+    return None if parsed is None else parsed[1]
+
+
+def list_checkpoints(ref: ModelRef) -> list[Checkpoint]:
+    """The model's checkpoints sorted by tokens seen; HeadLabError when there are none."""
+    if ref.kind == "zoo":
+        checkpoints = _manifest_checkpoints(zoo_dir() / ref.name)
+    elif ref.kind == "local":
+        folder = Path(ref.name)
+        if (folder / MANIFEST).is_file():
+            checkpoints = _manifest_checkpoints(folder)
+        else:
+            # A bare save_pretrained folder is one checkpoint whose training position is unknown.
+            checkpoints = [Checkpoint("main", 0, UNKNOWN_TOKENS)]
+    else:
+        checkpoints = _hub_checkpoints(ref.name)
+    if not checkpoints:
+        raise HeadLabError(
+            f"model {ref.name} has no training checkpoints with known token counts; "
+            "pick a model with step revisions (e.g. EleutherAI/pythia-160m) or retrain it."
+        )
+    return sorted(checkpoints, key=lambda c: (c.tokens, c.step, c.revision))
+
+
+def _manifest_checkpoints(folder: Path) -> list[Checkpoint]:
+    """Checkpoints listed in a model folder's manifest.json."""
+    return [Checkpoint.from_json(c) for c in read_manifest(folder)["checkpoints"]]
+
+
+def _hub_checkpoints(name: str) -> list[Checkpoint]:
+    """Checkpoints from the hub's branch names (needs the network)."""
+    try:
+        refs = huggingface_hub.list_repo_refs(name)
+    except Exception as exc:  # offline, unknown repo, gated repo, network error
+        raise HeadLabError(
+            f"cannot list the revisions of hub model {name} ({type(exc).__name__}); check the "
+            "name and the network, or use a zoo model or a local folder."
+        ) from None
+    checkpoints = []
+    for branch in refs.branches:
+        parsed = parse_revision(name, branch.name)
+        if parsed is not None:
+            checkpoints.append(Checkpoint(branch.name, parsed[0], parsed[1]))
+    return checkpoints
+
+
+def resolve_checkpoint(ref: ModelRef, revision: str | None = None) -> Checkpoint:
+    """The checkpoint named `revision`, or the last one (most tokens) when revision is None."""
+    if ref.kind == "hub" and revision is not None:
+        parsed = parse_revision(ref.name, revision)
+        try:
+            checkpoints = list_checkpoints(ref)
+        except HeadLabError:
+            if parsed is None:
+                raise
+            return Checkpoint(revision, parsed[0], parsed[1])  # offline: trust the name
+    else:
+        checkpoints = list_checkpoints(ref)
+    if revision is None:
+        return checkpoints[-1]
+    for checkpoint in checkpoints:
+        if checkpoint.revision == revision:
+            return checkpoint
+    names = [c.revision for c in checkpoints]
+    shown = ", ".join(names if len(names) <= 6 else names[:3] + ["..."] + names[-3:])
+    raise HeadLabError(
+        f"model {ref.name} has no checkpoint {revision!r}; pick one of: {shown} "
+        f"({len(names)} in all)."
+    )
+
+
+def checkpoint_path(ref: ModelRef, revision: str | None = None) -> Path | str:
+    """Where from_pretrained reads the checkpoint: a folder, or the hub name (revision apart)."""
+    if ref.kind == "hub":
+        return ref.name
+    checkpoint = resolve_checkpoint(ref, revision)
+    root = zoo_dir() / ref.name if ref.kind == "zoo" else Path(ref.name)
+    if checkpoint.revision == "main" and not (root / MANIFEST).is_file():
+        return root
+    folder = root / "checkpoints" / checkpoint.revision
+    if not folder.is_dir():
+        raise HeadLabError(
+            f"checkpoint folder {folder} is missing; delete {root} and retrain the model "
+            f"(e.g. {RETRAIN_HINT})."
+        )
+    return folder
+
+
+def weights_fingerprint(model_ref: Any, revision: str | None) -> str | None:
+    """A fingerprint of a local/zoo checkpoint's files, so a retrained model misses the cache.
+
+    Files up to FULL_HASH_LIMIT in all are hashed in full; larger checkpoints by name, size and
+    mtime. Hub models return None (their revision names the weights).
+    """
+    if not isinstance(model_ref, ModelRef) or model_ref.kind == "hub":
+        return None
+    folder = Path(checkpoint_path(model_ref, revision))
+    files = sorted(p for p in folder.iterdir() if p.is_file() and (p.suffix == ".safetensors" or p.name == "config.json"))
+    full = sum(p.stat().st_size for p in files) <= FULL_HASH_LIMIT
+    digest = hashlib.sha256()
+    for path in files:
+        stat = path.stat()
+        digest.update(f"{path.name}:{stat.st_size}:".encode())
+        digest.update(path.read_bytes() if full else str(stat.st_mtime_ns).encode())
+    return digest.hexdigest()

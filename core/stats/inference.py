@@ -1,0 +1,236 @@
+"""Inference over ablation deltas: z-scores, empirical rank and p-value, paired bootstrap, verdicts.
+
+Pure numpy, testable on hand-made numbers and the reference result files without a model. The
+metric names and their direction of damage live here too (not beside `query_metrics` in
+core/ablation/spec.py) because the verdicts need them and statistics sit below the ablation engine:
+imports run ablation -> stats, never back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from core.errors import HeadLabError
+from core.results import JsonResult
+
+# ----------------------------------------------------------------------------------------------
+# Metrics and their direction
+# ----------------------------------------------------------------------------------------------
+
+METRICS = ("loss", "top1", "top5", "target_logit")
+# +1: a larger value is damage (loss); -1: a smaller value is damage (accuracies, target logit).
+DAMAGE_SIGN = {"loss": 1.0, "top1": -1.0, "top5": -1.0, "target_logit": -1.0}
+# Names used by the reference result files, mapped to HeadLab's.
+METRIC_ALIASES = {
+    "acc_top1": "top1",
+    "acc_top5": "top5",
+    "mean_logit_target": "target_logit",
+    "mean_logit_B": "target_logit",
+    "logit": "target_logit",
+}
+STD_FLOOR = 1e-9  # reference: a zero control spread is floored at 1e-9
+
+
+def canonical_metric(metric: str) -> str:
+    """HeadLab's name for a metric (accepts the reference files' names); HeadLabError if unknown."""
+    name = METRIC_ALIASES.get(metric, metric)
+    if name not in DAMAGE_SIGN:
+        raise HeadLabError(
+            f"metric {metric!r} is not defined for this task; use one of {', '.join(METRICS)}."
+        )
+    return name
+
+
+def is_damaging(metric: str, delta: float) -> bool:
+    """Whether a delta from the clean run is damage: loss up; top-1, top-5, target logit down."""
+    return bool(DAMAGE_SIGN[canonical_metric(metric)] * float(delta) > 0)
+
+
+def _canonical_dict(values: dict) -> dict:
+    return {canonical_metric(k): v for k, v in values.items()}
+
+
+# ----------------------------------------------------------------------------------------------
+# Candidate against controls
+# ----------------------------------------------------------------------------------------------
+
+
+def z_score(candidate_delta: float, control_deltas: Sequence[float]) -> float:
+    """(candidate - mean(controls)) / population std(controls), the std floored at 1e-9."""
+    controls = np.asarray(control_deltas, dtype=np.float64)
+    if controls.size == 0:
+        raise HeadLabError("a z-score needs at least one control; run some controls.")
+    return float((float(candidate_delta) - controls.mean()) / max(float(controls.std(ddof=0)), STD_FLOOR))
+
+
+@dataclass(frozen=True)
+class RankP:
+    """The candidate's rank among candidate + controls, 1 = most damaging (ties count against it)."""
+
+    rank: int
+    p: float
+    n_controls: int
+
+
+def empirical_rank_p(candidate: float, controls: Sequence[float], damage_sign: float) -> RankP:
+    """p = (1 + #controls at least as damaging as the candidate) / (n + 1).
+
+    damage_sign: +1 when larger is damage (loss), -1 when smaller is damage (top-1, logit).
+    """
+    values = np.asarray(controls, dtype=np.float64)
+    at_least = int(np.sum(damage_sign * values >= damage_sign * float(candidate)))
+    return RankP(rank=1 + at_least, p=(1 + at_least) / (values.size + 1), n_controls=int(values.size))
+
+
+def bootstrap_ci(per_example_deltas: Sequence[float], n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap CI of the mean delta, resampling examples (deltas are paired per example)."""
+    deltas = np.asarray(per_example_deltas, dtype=np.float64).reshape(-1)  # [example]
+    if deltas.size == 0:
+        raise HeadLabError("a bootstrap interval needs at least one example.")
+    if not 0 < level < 1:
+        raise HeadLabError("the confidence level must lie strictly between 0 and 1, e.g. 0.95.")
+    rng = np.random.default_rng(seed)
+    means = np.empty(int(n_boot))
+    step = max(1, 2_000_000 // deltas.size)  # bound memory: [step, n] indices at a time
+    for start in range(0, int(n_boot), step):
+        size = min(step, int(n_boot) - start)
+        idx = rng.integers(0, deltas.size, size=(size, deltas.size))
+        means[start : start + size] = deltas[idx].mean(axis=1)
+    alpha = (1 - level) / 2
+    return float(np.quantile(means, alpha)), float(np.quantile(means, 1 - alpha))
+
+
+# ----------------------------------------------------------------------------------------------
+# Verdicts
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Verdict(JsonResult):
+    """A verdict with the rule that produced it and why."""
+
+    label: str
+    rule: str
+    reasons: tuple[str, ...] = ()
+    z: dict = field(default_factory=dict)
+
+
+def recipe_verdict(
+    candidate_deltas: dict[str, float],
+    control_deltas: dict[str, Sequence[float]],
+    clean_top1: float,
+    upper_bound_deltas: dict[str, float] | None,
+    min_controls: int = 19,
+    min_clean_top1: float = 0.2,
+    min_upper_bound_fraction: float = 0.9,
+) -> Verdict:
+    """The recipe's operational criterion [SPC]: "causal", "not causal" or "inconclusive".
+
+    Causal: the candidate's delta is more damaging than every one of n >= min_controls matched draws
+    on both loss and top-1 (p <= 1/(n+1)), the clean top-1 >= min_clean_top1, and the upper bound
+    removes >= min_upper_bound_fraction of the clean top-1. Inconclusive when the clean model cannot
+    do the task (clean top-1 below the threshold) or too few controls ran to reach that p.
+    """
+    rule = (
+        f"recipe: worse than all >= {min_controls} matched draws on loss and top-1, "
+        f"clean top-1 >= {min_clean_top1:g}, upper bound removes >= {min_upper_bound_fraction:.0%} of clean top-1"
+    )
+    cand = _canonical_dict(candidate_deltas)
+    ctrl = _canonical_dict(control_deltas)
+    for metric in ("loss", "top1"):
+        if metric not in cand or metric not in ctrl:
+            raise HeadLabError(f"the recipe verdict needs {metric} deltas for the candidate and the controls; run them.")
+    n = min(len(ctrl["loss"]), len(ctrl["top1"]))
+    if clean_top1 < min_clean_top1:
+        return Verdict("inconclusive", rule, (f"clean top-1 is {clean_top1:.3f} < {min_clean_top1:g}: the clean model cannot do this task.",))
+    if n < min_controls:
+        return Verdict("inconclusive", rule, (f"only {n} control draws ran; the criterion needs at least {min_controls}.",))
+    reasons = []
+    ok = True
+    for metric in ("loss", "top1"):
+        rp = empirical_rank_p(cand[metric], ctrl[metric], DAMAGE_SIGN[metric])
+        beats_all = rp.rank == 1
+        ok &= beats_all
+        reasons.append(
+            f"{metric}: candidate delta {cand[metric]:+.4g} is "
+            + ("more damaging than every control" if beats_all else f"not more damaging than {rp.rank - 1} of {n} controls")
+            + f" (p = {rp.p:.3g})."
+        )
+    if upper_bound_deltas is None or "top1" not in _canonical_dict(upper_bound_deltas):
+        ok = False
+        reasons.append("the upper bound (every head in the selected layers) was not run.")
+    else:
+        removed = -float(_canonical_dict(upper_bound_deltas)["top1"]) / clean_top1
+        ub_ok = removed >= min_upper_bound_fraction
+        ok &= ub_ok
+        reasons.append(f"upper bound removes {removed:.0%} of clean top-1 ({'>=' if ub_ok else '<'} {min_upper_bound_fraction:.0%}).")
+    return Verdict("causal" if ok else "not causal", rule, tuple(reasons))
+
+
+def closure_verdict(
+    candidate_deltas: dict[str, float],
+    control_deltas: dict[str, Sequence[float]],
+    rule: str = "paper",
+    headline: str = "logit",
+    z_threshold: float = 1.8,
+) -> Verdict:
+    """The closure test [CVC]: "pass", "fail" or "fails in the wrong direction", with the rule named.
+
+    paper (default): every metric's delta is damaging and the signed z of the headline metric is
+    beyond the threshold in the damaging direction (z_logit < -1.8, or z_loss > +1.8 for headline loss).
+    reference: every delta damaging and, on at least one metric, the candidate lies outside the
+    control range on the damaging side. Either rule: delta loss < 0 with z_loss < -threshold is
+    "fails in the wrong direction" (the ablation improves the model far beyond the controls).
+    """
+    if rule not in ("paper", "reference"):
+        raise HeadLabError(f"closure rule {rule!r} is unknown; use 'paper' or 'reference'.")
+    if headline not in ("logit", "loss"):
+        raise HeadLabError(f"closure headline {headline!r} is unknown; use 'logit' or 'loss'.")
+    cand = _canonical_dict(candidate_deltas)
+    ctrl = _canonical_dict(control_deltas)
+    metrics = [m for m in METRICS if m in cand]
+    if not metrics:
+        raise HeadLabError("the closure verdict needs at least one metric delta; run the candidate.")
+    for metric in metrics:
+        if metric not in ctrl:
+            raise HeadLabError(f"the closure verdict needs control deltas for {metric}; run the controls.")
+    head_metric = "target_logit" if headline == "logit" else "loss"
+    if head_metric not in cand:
+        raise HeadLabError(f"the {headline} headline needs the {head_metric} delta, which this task does not define; pick another headline.")
+    z = {metric: z_score(cand[metric], ctrl[metric]) for metric in metrics}
+    if rule == "paper":
+        rule_text = f"paper: every delta damaging and z_{head_metric} {'<' if headline == 'logit' else '>'} {'-' if headline == 'logit' else '+'}{z_threshold:g}"
+    else:
+        rule_text = "reference: every delta damaging and outside the control range (damaging side) on at least one metric"
+    reasons = []
+    if "loss" in cand and cand["loss"] < 0 and z["loss"] < -z_threshold:
+        reasons.append(
+            f"ablating the candidate lowers the loss by {-cand['loss']:.4g} (z_loss {z['loss']:+.2f} < -{z_threshold:g}): "
+            "it improves the model beyond every control, the opposite of closure."
+        )
+        return Verdict("fails in the wrong direction", rule_text, tuple(reasons), z)
+    damaging = {metric: is_damaging(metric, cand[metric]) for metric in metrics}
+    for metric in metrics:
+        if not damaging[metric]:
+            reasons.append(f"{metric} delta {cand[metric]:+.4g} is not damage.")
+    if rule == "paper":
+        sign = DAMAGE_SIGN[head_metric]
+        strong = sign * z[head_metric] > z_threshold
+        if not strong:
+            reasons.append(f"z_{head_metric} = {z[head_metric]:+.2f} is not beyond {sign * z_threshold:+g}.")
+    else:
+        outside = []
+        for metric in metrics:
+            sign = DAMAGE_SIGN[metric]
+            if sign * cand[metric] > max(sign * np.asarray(ctrl[metric], dtype=np.float64)):
+                outside.append(metric)
+        strong = bool(outside)
+        if not strong:
+            reasons.append("no metric's delta lies outside the control range on the damaging side.")
+    passed = all(damaging.values()) and strong
+    if passed:
+        reasons.append("every delta is damage and the candidate stands out from its controls.")
+    return Verdict("pass" if passed else "fail", rule_text, tuple(reasons), z)

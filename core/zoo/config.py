@@ -1,0 +1,99 @@
+"""What a zoo model is and how it is trained: `ModelConfig` and `TrainConfig`, recorded in every manifest.
+
+Apart from the loop (train.py) so that the loop, its evaluation (evaluate.py) and the presets
+(presets.py) share them without an import cycle. Both are frozen, validated and written to JSON
+from their fields (a field missing from an older manifest takes its default).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from core.errors import HeadLabError
+from core.results import JsonResult
+
+FAMILIES = ("gpt_neox", "llama", "olmoe")
+TASKS = ("induction", "reverse", "sort", "shifted", "duplicate")
+INDUCTION_TASKS = ("induction", "shifted")
+SEQUENCE_TASKS = ("reverse", "sort")
+
+
+@dataclass(frozen=True)
+class ModelConfig(JsonResult):
+    """Architecture of one zoo model, independent of the Hugging Face config classes."""
+
+    family: str = "gpt_neox"
+    n_layers: int = 3
+    n_heads: int = 8
+    d_model: int = 64
+    d_ff: int = 256
+    vocab_size: int = 260
+    max_seq_len: int = 64
+    rotary_pct: float = 1.0  # gpt_neox only: fraction of each head's dims that gets rotary; 0 = no positions
+    use_parallel_residual: bool = True  # gpt_neox only
+    hidden_act: str | None = None  # None: the family's default (gelu for gpt_neox, silu otherwise)
+    n_experts: int = 4  # olmoe only
+    top_k: int = 2  # olmoe only
+    router_aux_loss_coef: float = 0.01  # olmoe only: load-balancing loss weight
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise HeadLabError(f"Unknown model family {self.family!r}; choose one of {', '.join(FAMILIES)}.")
+        for name in ("n_layers", "n_heads", "d_model", "d_ff", "vocab_size", "max_seq_len"):
+            if int(getattr(self, name)) < 1:
+                raise HeadLabError(f"Model {name} must be a positive integer.")
+        if self.d_model % self.n_heads:
+            raise HeadLabError(f"d_model {self.d_model} must be a multiple of n_heads {self.n_heads}.")
+        if self.family == "olmoe" and not 1 <= self.top_k <= self.n_experts:
+            raise HeadLabError("OLMoE top_k must be between 1 and n_experts.")
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_heads
+
+
+@dataclass(frozen=True)
+class TrainConfig(JsonResult):
+    """How one zoo model is trained; every field is recorded in its manifest."""
+
+    task: str = "induction"
+    steps: int = 2000  # an upper bound when early stopping applies (reverse/sort)
+    batch_size: int = 32
+    seq_len: int = 64  # induction tasks only (reverse/sort widths follow their lengths)
+    lr: float = 3e-3
+    warmup_steps: int = 50  # linear warm-up, then constant
+    decay_fraction: float = 0.0  # last fraction of the steps: linear decay to 10% of lr (steadier final model)
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.98)
+    adam_eps: float = 1e-8
+    head_l1: float = 0.0  # gpt_neox: group-lasso weight on each head's (Q,K,V,O) norm, after the warm-up
+    grad_clip: float = 1.0
+    text_first_steps: int = 0  # induction only: pure text steps before the repeat warm-up
+    repeat_warmup_steps: int = 500  # induction only: repeat-rich warm-up first, then the mixture
+    warmup_repeat_fraction: float = 1.0  # share of repeat sequences during the warm-up (1 = pure repeat)
+    repeat_fraction: float = 0.5  # share of repeat sequences in the mixture after the warm-up
+    mixture_chunk_max: int = 32  # longest repeated chunk after the warm-up (the warm-up keeps 8-32)
+    seed: int = 0
+    stop_accuracy: float | None = 0.9  # reverse/sort: stop once train exact match reaches this
+    eval_every: int = 100  # steps between evaluations (and early-stop checks)
+    eval_examples: int = 64  # per evaluation (per length for reverse/sort)
+    final_examples: int = 256  # for the final figures
+    init_from: str | None = None  # start from this zoo model's final checkpoint (continued training)
+    state_every: int = 250  # steps between resumable-state saves (also saved at every checkpoint)
+    log_every: int = 10  # steps per point of the loss curve (window mean)
+    n_log_checkpoints: int = 20  # log-spaced checkpoints over the run (plus step 0 and the end)
+    loss_drop_checkpoint: float = 0.25  # extra checkpoint when the smoothed loss fell this much (nats)
+    min_checkpoint_gap: int = 10  # steps between loss-drop checkpoints
+    loss_smoothing: float = 0.05  # EMA weight of the newest loss in the smoothed loss
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise HeadLabError(f"Unknown training task {self.task!r}; choose one of {', '.join(TASKS)}.")
+        if int(self.steps) < 1 or int(self.batch_size) < 1:
+            raise HeadLabError("Training steps and batch_size must be positive integers.")
+        object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
+
+    @property
+    def data_kind(self) -> str:
+        """The mixture kind after the repeat warm-up (induction tasks)."""
+        return "shifted" if self.task == "shifted" else "mixture"

@@ -1,0 +1,309 @@
+"""Every cache of the app over core: st.cache_* wrappers and the stores of long runs.
+
+Data loads go through `st.cache_data` over core's disk cache, models through `st.cache_resource`.
+Cache keys are plain strings and numbers: the model name, revision, the probe spec as canonical
+JSON (`Workspace.spec_json`) and the model's stamp (which changes when its files do).
+
+Long runs (an ablation study, a closure test, an analysis) draw their progress and can be
+cancelled, and a page must know whether a run exists before it offers the run's button; st.cache_*
+can do neither, so they are kept in one process-wide store here (`stored_*` looks a run up,
+`run_*` computes and stores it). Pages keep no results of their own.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import streamlit as st
+
+from core.ablation.study import AblationSettings, ablate_alone, ablation_study
+from core.errors import HeadLabError
+from core.heads import Head, HeadSet
+from core.model.loading import load_config, load_model
+from core.model.refs import Checkpoint, ModelRef, list_checkpoints, resolve_checkpoint
+from core.pipelines.attribution import analyze_ref, stored_result
+from core.pipelines.attribution_results import AttributionSettings
+from core.pipelines.closure import closure_test
+from core.pipelines.coactivation import CoactivationSettings, coactivation
+from core.pipelines.dynamics import cross_seed_matrix, form_vs_function, training_trajectories
+from core.pipelines.proposers import proposers_vs_disposer
+from core.pipelines.recipe import ScreenSettings, screen, screen_checkpoint
+from core.probe import check_probe_fits, full_attention_pattern, head_stats, head_stats_key
+from core.store import entry_path
+from core.tasks.specs import spec_from_json
+from core.workspace import zoo_dir
+from pages._state import Workspace
+
+NULL_DRAWS = 200  # draws of the induction null (the noise floor), both probes
+_WARM_REPORTS = "_warm_reports"  # session key: (model, probe, stamp) whose checkpoints are all measured
+
+
+def model_stamp(model_name: str) -> str:
+    """Changes when a model is retrained or a checkpoint folder appears or vanishes (cache key part)."""
+    try:
+        ref = ModelRef.parse(model_name)
+    except HeadLabError:
+        return ""
+    if ref.kind == "hub":
+        return ""
+    root = zoo_dir() / ref.name if ref.kind == "zoo" else Path(ref.name)
+    parts = []
+    manifest = root / "manifest.json"
+    if manifest.is_file():
+        parts.append(str(manifest.stat().st_mtime_ns))
+    checkpoints = root / "checkpoints"
+    if checkpoints.is_dir():
+        parts.append(",".join(sorted(os.listdir(checkpoints))))
+    return "|".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# models, probes, head statistics, screens
+
+
+@st.cache_resource(show_spinner="Loading model...", max_entries=4)
+def cached_model(model_name: str, revision: str, stamp: str = ""):
+    return load_model(ModelRef.parse(model_name), revision)
+
+
+@st.cache_data(show_spinner=False)
+def cached_checkpoints(model_name: str, stamp: str = "") -> tuple[Checkpoint, ...]:
+    return tuple(list_checkpoints(ModelRef.parse(model_name)))
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def cached_batch(spec_json: str):
+    return spec_from_json(spec_json).build()
+
+
+def check_fits(ws: Workspace) -> None:
+    """Refuse a probe the model cannot read before any model is loaded."""
+    check_probe_fits(ws.spec, load_config(ws.ref, ws.revision))
+
+
+@st.cache_data(show_spinner="Measuring every head on the probe...", max_entries=32)
+def cached_stats(model_name: str, revision: str, spec_json: str, stamp: str):
+    """HeadStats of one checkpoint (core's disk cache, else one instrumented pass)."""
+    ref = ModelRef.parse(model_name)
+    return head_stats(ref, resolve_checkpoint(ref, revision), cached_batch(spec_json))
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def cached_checkpoint_screen(model_name: str, revision: str, spec_json: str, stamp: str):
+    """Step 2 at one checkpoint, with the induction null (so every checkpoint has its null floor)."""
+    return screen_checkpoint(cached_stats(model_name, revision, spec_json, stamp), n_null_draws=NULL_DRAWS)
+
+
+@st.cache_data(show_spinner="Screening every checkpoint...", max_entries=16)
+def cached_report(model_name: str, spec_json: str, definition: str, k: float, stamp: str):
+    k_arg = int(k) if k >= 1 else float(k)
+    return screen(ModelRef.parse(model_name), spec_from_json(spec_json),
+                  ScreenSettings(k=k_arg, definition=definition, n_null_draws=NULL_DRAWS))
+
+
+def forget_data() -> None:
+    """Drop every cached data load: the zoo on disk changed (models trained)."""
+    st.cache_data.clear()
+
+
+def checkpoint_stats(ws: Workspace):
+    check_fits(ws)
+    return cached_stats(ws.model_name, ws.revision, ws.spec_json, ws.stamp)
+
+
+def checkpoint_screen(ws: Workspace):
+    check_fits(ws)
+    return cached_checkpoint_screen(ws.model_name, ws.revision, ws.spec_json, ws.stamp)
+
+
+def screen_report(ws: Workspace, definition: str = "entropy", k: float = 0.18):
+    """Steps 1-2 over every checkpoint; the first time, measures missing checkpoints with a progress bar."""
+    check_fits(ws)
+    marker = ("warm", ws.model_name, ws.spec_json, ws.stamp)
+    warmed = st.session_state.setdefault(_WARM_REPORTS, set())
+    if marker not in warmed:
+        batch = cached_batch(ws.spec_json)
+        spec = dict(batch.spec)
+        missing = [c for c in ws.checkpoints if not entry_path(head_stats_key(ws.ref, c.revision, spec)).is_dir()]
+        if missing:
+            bar = st.progress(0.0, text=f"Measuring {len(missing)} checkpoints (once; then cached on disk)...")
+            for i, ckpt in enumerate(missing):
+                head_stats(ws.ref, ckpt, batch)
+                bar.progress((i + 1) / len(missing), text=f"Measured {ckpt.revision} ({i + 1}/{len(missing)})")
+            bar.empty()
+        warmed.add(marker)
+    return cached_report(ws.model_name, ws.spec_json, definition, float(k), ws.stamp)
+
+
+@st.cache_data(show_spinner="Running the model once on the chosen examples...", max_entries=64)
+def cached_full_pattern(model_name: str, revision: str, spec_json: str, layer: int, head: int,
+                        examples: tuple[int, ...], stamp: str) -> np.ndarray:
+    """One head's full attention pattern on a few probe examples: [example, query, key]."""
+    model = cached_model(model_name, revision, stamp)
+    tokens = cached_batch(spec_json).tokens[list(examples)]  # [example, pos]
+    return full_attention_pattern(model, tokens, layer)[:, head].numpy()  # [example, query, key]
+
+
+# ---------------------------------------------------------------------------------------------
+# co-activation and training dynamics
+
+
+@st.cache_data(show_spinner="Fitting the Ising model and clustering |J|...", max_entries=16)
+def cached_proposal(model_name: str, revision: str, spec_json: str, stamp: str, settings: CoactivationSettings):
+    """The co-activation proposal (no ablation): core's pipeline with settings.run_closure False."""
+    return coactivation(ModelRef.parse(model_name), revision, spec_from_json(spec_json), settings)
+
+
+@st.cache_data(show_spinner="Reading every checkpoint's head statistics...", max_entries=16)
+def cached_trajectories(model_name: str, spec_json: str, definition: str, stamp: str):
+    return training_trajectories(ModelRef.parse(model_name), spec_from_json(spec_json), definition)
+
+
+# ---------------------------------------------------------------------------------------------
+# long runs: one store for the server process
+
+
+@st.cache_resource(show_spinner=False)
+def _runs() -> dict:
+    """Long runs of this server process, keyed by everything that determines them."""
+    return {}
+
+
+def _stored(key: tuple) -> Any:
+    return _runs().get(key)
+
+
+def _store(key: tuple, value: Any) -> Any:
+    _runs()[key] = value
+    return value
+
+
+def _ablation_key(ws: Workspace, selection: HeadSet, settings: AblationSettings) -> tuple:
+    return ("ablation", ws.model_name, ws.revision, ws.spec_json, ws.stamp, str(selection), settings)
+
+
+def stored_ablation(ws: Workspace, selection: HeadSet, settings: AblationSettings) -> dict | None:
+    """An ablation study already run: {"result", "seconds", "model", "revision", "probe"}, or None."""
+    return _stored(_ablation_key(ws, selection, settings))
+
+
+def run_ablation(ws: Workspace, selection: HeadSet, settings: AblationSettings,
+                 progress: Callable[[int, int], None] | None = None, cancel: Callable[[], bool] | None = None) -> dict:
+    """Run (and store) the ablation study of `selection`; AblationCancelled when cancel() says so."""
+    model = cached_model(ws.model_name, ws.revision, ws.stamp)
+    start = time.perf_counter()
+    result = ablation_study(model, cached_batch(ws.spec_json), selection, settings, progress=progress, cancel=cancel)
+    entry = {"result": result, "seconds": time.perf_counter() - start, "model": ws.model_name,
+             "revision": ws.revision, "probe": ws.spec_json}
+    return _store(_ablation_key(ws, selection, settings), entry)
+
+
+def _single_key(ws: Workspace, head: Head) -> tuple:
+    return ("single", ws.model_name, ws.revision, ws.spec_json, ws.stamp, head)
+
+
+def stored_single_ablation(ws: Workspace, head: Head):
+    """(clean, ablated) ConditionMetrics of `head` ablated alone, or None."""
+    return _stored(_single_key(ws, head))
+
+
+def run_single_ablation(ws: Workspace, head: Head):
+    """Ablate `head` alone on the probe (zero ablation) and store (clean, ablated)."""
+    model = cached_model(ws.model_name, ws.revision, ws.stamp)
+    return _store(_single_key(ws, head), ablate_alone(model, cached_batch(ws.spec_json), head))
+
+
+def _closure_key(ws: Workspace, heads: HeadSet, n_controls: int, control_seed: int, route: Any) -> tuple:
+    strata = None if route is None else (route.strata, route.discovery_stratum)
+    return ("closure", ws.model_name, ws.revision, ws.spec_json, ws.stamp, str(heads), n_controls, control_seed,
+            strata)
+
+
+def stored_closure(ws: Workspace, heads: HeadSet, n_controls: int, control_seed: int, route: Any = None):
+    """The ClosureTest of `heads` already run (route: the co-activation report's routing, or None)."""
+    return _stored(_closure_key(ws, heads, n_controls, control_seed, route))
+
+
+def run_closure(ws: Workspace, heads: HeadSet, n_controls: int, control_seed: int, route: Any = None,
+                progress: Callable[[int, int], None] | None = None):
+    """Run (and store) the closure test of `heads`; with routing, also on and off the discovery stratum."""
+    on = None if route is None else [s == route.discovery_stratum for s in route.strata]
+    test = closure_test(cached_model(ws.model_name, ws.revision, ws.stamp), cached_batch(ws.spec_json), heads,
+                        AblationSettings(n_controls=n_controls, seed=control_seed), on_stratum=on, progress=progress)
+    return _store(_closure_key(ws, heads, n_controls, control_seed, route), test)
+
+
+def _attribution_key(ws: Workspace, settings: AttributionSettings) -> tuple:
+    return ("attribution", ws.model_name, ws.revision, ws.stamp, settings)
+
+
+def stored_attribution(ws: Workspace, settings: AttributionSettings) -> dict | None:
+    """{"result", "how"} of an analysis run in this process, or of a zoo model's stored preset run; else None."""
+    key = _attribution_key(ws, settings)
+    entry = _stored(key)
+    if entry is None and ws.ref.kind == "zoo":
+        result = stored_result(ws.model_name, settings, ws.revision)
+        if result is not None:
+            entry = _store(key, {"result": result, "how": "loaded from the stored preset run (reports/attribution)"})
+    return entry
+
+
+def run_attribution(ws: Workspace, settings: AttributionSettings,
+                    progress: Callable[[str, int, int], None] | None = None) -> dict:
+    """Analyse the workspace model (gradient vs causal) and store {"result", "how", "seconds"}."""
+    start = time.perf_counter()
+    result = analyze_ref(ws.ref, settings, ws.revision, progress=progress)
+    seconds = time.perf_counter() - start
+    entry = {"result": result, "how": f"analysed in {seconds:.1f} s", "seconds": seconds}
+    return _store(_attribution_key(ws, settings), entry)
+
+
+def _proposers_key(ws: Workspace, size: int, n_controls: int, controls: str) -> tuple:
+    return ("proposers", ws.model_name, ws.revision, ws.spec_json, ws.stamp, size, n_controls, controls)
+
+
+def stored_proposers(ws: Workspace, size: int, n_controls: int, controls: str):
+    """The ProposersReport already run with these settings, or None."""
+    return _stored(_proposers_key(ws, size, n_controls, controls))
+
+
+def run_proposers(ws: Workspace, size: int, n_controls: int, controls: str,
+                  progress: Callable[[str], None] | None = None):
+    """All four proposers and their closure tests (size 0: the screen circuit's size)."""
+    report = proposers_vs_disposer(ws.ref, ws.revision, ws.spec, size or None, n_controls, controls, progress=progress)
+    return _store(_proposers_key(ws, size, n_controls, controls), report)
+
+
+def _cross_seed_key(models: tuple[str, ...], spec_json: str, n_controls: int) -> tuple:
+    return ("cross-seed", models, spec_json, n_controls, tuple(model_stamp(m) for m in models))
+
+
+def stored_cross_seed(models: tuple[str, ...], spec_json: str, n_controls: int):
+    """The cross-seed ablation matrix of `models` already run, or None."""
+    return _stored(_cross_seed_key(models, spec_json, n_controls))
+
+
+def run_cross_seed(models: tuple[str, ...], spec_json: str, n_controls: int):
+    """Each model's final circuit ablated in each model (matched-random controls), stored."""
+    matrix = cross_seed_matrix([ModelRef.parse(m) for m in models], spec_from_json(spec_json), n_controls=n_controls)
+    return _store(_cross_seed_key(models, spec_json, n_controls), matrix)
+
+
+def _form_function_key(ws: Workspace, circuit: HeadSet, n_controls: int, revisions: tuple[str, ...]) -> tuple:
+    return ("form-function", ws.model_name, ws.spec_json, ws.stamp, str(circuit), n_controls, revisions)
+
+
+def stored_form_function(ws: Workspace, circuit: HeadSet, n_controls: int, revisions: tuple[str, ...]):
+    """The form-vs-function test of `circuit` at `revisions` already run, or None."""
+    return _stored(_form_function_key(ws, circuit, n_controls, revisions))
+
+
+def run_form_function(ws: Workspace, circuit: HeadSet, n_controls: int, revisions: tuple[str, ...]):
+    """The closure test of `circuit` at each of `revisions` against its selectivity there, stored."""
+    traj = cached_trajectories(ws.model_name, ws.spec_json, "entropy", ws.stamp)
+    ff = form_vs_function(ws.ref, circuit, ws.spec, traj, n_controls=n_controls, revisions=list(revisions))
+    return _store(_form_function_key(ws, circuit, n_controls, revisions), ff)

@@ -1,0 +1,258 @@
+"""What the user chose, where it lives, and how pages hand work to each other.
+
+Choices live in `st.session_state` (they persist across pages) and the shareable ones in
+`st.query_params` (a link reopens the same view). Every key that more than one page (or app.py)
+reads is a named constant here. app.py draws the workspace sidebar once per run and publishes the
+selection as a `Workspace` under WORKSPACE; pages read it with `require_workspace()`.
+
+Hand-offs ("send to the ablation lab", "open in the head inspector") are button callbacks: they set
+the target page's state and ask for the page; app.py follows the request before the sidebar is
+drawn (`follow_hand_off`), because a callback cannot switch pages itself.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import streamlit as st
+from streamlit.runtime.pages_manager import PagesManager
+
+from core.errors import HeadLabError
+from core.heads import Head, HeadSet, head_name, parse_heads
+from core.model.refs import Checkpoint, ModelRef
+from core.tasks.specs import ProbeSpec
+
+# ---------------------------------------------------------------------------------------------
+# keys: the workspace (session and URL)
+
+MODEL = "model"
+REVISION = "revision"
+TASK = "task"
+N_EXAMPLES = "n"
+SEQ_LEN = "seq_len"
+SEED = "seed"
+TOKEN_LOW = "token_low"
+TOKEN_HIGH = "token_high"
+HEAD = "head"  # the head chosen anywhere ("L1H3"): the inspector shows it
+PATTERN = "pattern"  # the pattern screen's pattern
+URL_KEYS = (MODEL, REVISION, TASK, N_EXAMPLES, SEQ_LEN, SEED, TOKEN_LOW, TOKEN_HIGH, HEAD, PATTERN)
+INT_KEYS = (N_EXAMPLES, SEQ_LEN, SEED, TOKEN_LOW, TOKEN_HIGH)
+PR_DEFINITION = "pr_definition"  # spectral signal and training dynamics
+DEFAULTS = {TASK: "induction", N_EXAMPLES: 256, SEQ_LEN: 64, SEED: 42, TOKEN_LOW: 0, TOKEN_HIGH: 256,
+            PATTERN: "induction", PR_DEFINITION: "entropy"}
+DEFAULT_MODEL = "induction-neox"  # the zoo's main model: the one a first visit opens on
+MODEL_FOLDER = "model_folder"  # the sidebar's text box when the zoo is empty
+
+# keys: shared by several pages
+HEADS_TEXT = "heads_text"  # the ablation lab's head box (its widget key)
+ABLATION_HEADS = "ablation_heads"  # its copy that survives visits to other pages
+ABLATION_HISTORY = "ablation_history"  # this session's ablation runs, latest first (the inspector reads it)
+
+# keys: internal
+WORKSPACE = "_workspace"  # the Workspace app.py's sidebar selected this run (None: none)
+_INITIALISED = "_workspace_init"
+_GOTO = "_goto_page"  # a page a hand-off asked for
+
+# pages a hand-off opens
+INSPECTOR = "pages/inspector.py"
+ABLATION_LAB = "pages/ablation.py"
+
+
+def widget_key(key: str) -> str:
+    """The widget key of a persistent choice (see `bound`)."""
+    return f"_w_{key}"
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """What the sidebar selected; pages read only this."""
+
+    model_name: str
+    ref: ModelRef
+    checkpoints: tuple[Checkpoint, ...]
+    revision: str
+    spec: ProbeSpec
+    stamp: str = ""  # changes when the model's files change (part of every cache key)
+
+    @property
+    def checkpoint(self) -> Checkpoint:
+        return next(c for c in self.checkpoints if c.revision == self.revision)
+
+    @property
+    def checkpoint_index(self) -> int:
+        return [c.revision for c in self.checkpoints].index(self.revision)
+
+    @property
+    def task(self) -> str:
+        return self.spec.task
+
+    @property
+    def spec_json(self) -> str:
+        """The probe spec as canonical JSON: a hashable cache key that core.tasks.specs.spec_from_json rebuilds."""
+        return json.dumps(self.spec.to_json(), sort_keys=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# session <-> URL
+
+
+def init_state() -> None:
+    """Seed session_state from the URL once per session."""
+    if st.session_state.get(_INITIALISED):
+        return
+    params = st.query_params
+    for key in URL_KEYS:
+        if key in params:
+            value = params[key]
+            if key in INT_KEYS:
+                try:
+                    value = int(value)
+                except ValueError:
+                    continue
+            st.session_state[key] = value
+    for key, value in DEFAULTS.items():
+        st.session_state.setdefault(key, value)
+    st.session_state[_INITIALISED] = True
+
+
+def sync_url() -> None:
+    """Write the shareable choices into the URL."""
+    for key in URL_KEYS:
+        value = st.session_state.get(key)
+        if value is not None and value != "":
+            if st.query_params.get(key) != str(value):
+                st.query_params[key] = str(value)
+
+
+def bound(widget: Callable[..., Any], label: str, key: str, options: list | None = None, **kwargs) -> Any:
+    """A widget whose value lives in st.session_state[key] beyond the page that draws it.
+
+    Streamlit forgets a widget's own state when a run does not draw it (a page widget on another
+    page), and a widget whose default changes between runs becomes a new widget (losing the user's
+    next click). So the widget gets its own key, seeded from the persistent value only when missing
+    or no longer valid; the persistent value is also what the URL and hand-offs set.
+    """
+    own = widget_key(key)
+    valid = own in st.session_state
+    if options is not None:
+        kwargs["options"] = options
+        if st.session_state.get(key) not in options:
+            st.session_state[key] = options[0]
+        valid = valid and st.session_state[own] in options
+    st.session_state[own] = st.session_state[own] if valid else st.session_state[key]
+    value = widget(label, key=own, **kwargs)
+    st.session_state[key] = value
+    return value
+
+
+def set_choice(key: str, value: Any) -> None:
+    """Set a persistent choice and its widget (in a button callback, before the widget is drawn)."""
+    st.session_state[key] = value
+    st.session_state[widget_key(key)] = value
+
+
+# ---------------------------------------------------------------------------------------------
+# the workspace
+
+
+def publish_workspace(ws: Workspace | None) -> None:
+    """app.py: the sidebar's selection for this run's page."""
+    st.session_state[WORKSPACE] = ws
+
+
+def current_workspace() -> Workspace | None:
+    """The sidebar's selection, or None when there is none (the sidebar says why).
+
+    Streamlit runs a page without app.py when it takes our pages/ folder for a legacy multipage app:
+    on the first request after the server starts if it is a deep link, and in every AppTest run
+    after switch_page. Such a run has no sidebar (and would read the last run's workspace), so it
+    switches Streamlit to st.navigation and reruns: app.py then draws the sidebar before the page.
+    """
+    if PagesManager.uses_pages_directory:
+        PagesManager.uses_pages_directory = False
+        st.rerun()
+    return st.session_state.get(WORKSPACE)
+
+
+def require_workspace() -> Workspace:
+    """The workspace, or stop the page (the sidebar already said why)."""
+    ws = current_workspace()
+    if ws is None:
+        st.stop()
+    return ws
+
+
+def current_head(n_layers: int, n_heads: int, fallback: Head = (0, 0)) -> Head:
+    """The head chosen anywhere in the app (session/URL), valid for this model; else `fallback`."""
+    text = st.session_state.get(HEAD)
+    if text:
+        try:
+            heads = parse_heads(str(text), n_layers, n_heads).heads
+            if heads:
+                return heads[0]
+        except HeadLabError:
+            pass
+    return fallback
+
+
+def ablation_history() -> list[dict]:
+    """This session's ablation runs, latest first: {"result", "seconds", "model", "revision", "probe", "label"}."""
+    return st.session_state.setdefault(ABLATION_HISTORY, [])
+
+
+# ---------------------------------------------------------------------------------------------
+# hand-offs between pages
+
+
+def offer_inspect(picked: list[Head]) -> None:
+    """After a click on a grid: remember the head and offer the head inspector."""
+    if not picked:
+        return
+    head = picked[0]
+    st.session_state[HEAD] = head_name(head)
+    sync_url()
+    label = f"Inspect {head_name(head)} in the head inspector" + (f" ({len(picked)} picked; first shown)" if len(picked) > 1 else "")
+    st.page_link(INSPECTOR, label=label, icon=":material/search:")
+
+
+def _readable(spec: ProbeSpec, vocab_size: int) -> bool:
+    """Core's rule: can a model with `vocab_size` tokens read this probe."""
+    try:
+        spec.check_vocab(vocab_size)
+    except HeadLabError:
+        return False
+    return True
+
+
+def send_to_ablation_lab(heads: Iterable[Head], vocab_size: int | None = None,
+                         token_range: tuple[int, int] | None = None) -> None:
+    """Button callback: open the ablation lab with `heads` in its head box.
+
+    vocab_size, token_range: for a model with a small vocabulary, when the workspace probe is not an
+    induction probe the model can read, switch it to the induction probe over token_range [low, high).
+    """
+    text = str(HeadSet(tuple(heads)))
+    st.session_state[HEADS_TEXT] = text
+    st.session_state[ABLATION_HEADS] = text
+    if vocab_size is not None:
+        ws = st.session_state.get(WORKSPACE)
+        if ws is None or ws.task != "induction" or not _readable(ws.spec, vocab_size):
+            low, high = token_range
+            for key, value in ((TASK, "induction"), (TOKEN_LOW, low), (TOKEN_HIGH, high)):
+                set_choice(key, value)
+    st.session_state[_GOTO] = ABLATION_LAB
+
+
+def open_in_inspector(head: str) -> None:
+    """Button callback: open the head inspector on `head` ("L1H3")."""
+    st.session_state[HEAD] = head
+    st.session_state[_GOTO] = INSPECTOR
+
+
+def follow_hand_off() -> None:
+    """app.py, after st.navigation: open the page a hand-off asked for."""
+    page = st.session_state.pop(_GOTO, None)
+    if page is not None:
+        st.switch_page(page)

@@ -1,0 +1,88 @@
+"""Drawing helpers every page shares: figures with their export buttons, head picks, errors as st.error.
+
+They draw and read widgets; they compute nothing (figures come from core.figures, data from pages/_cache.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import streamlit as st
+
+from core.errors import HeadLabError
+from core.figures._style import heads_from_points
+from core.figures.bundle import FigureBundle
+from core.heads import Head
+
+IMAGE_MIME = (("png", "image/png"), ("svg", "image/svg+xml"), ("pdf", "application/pdf"))
+
+
+def guarded(fn: Callable[[], Any], stop: bool = True) -> Any:
+    """Run a data load; a user-fixable problem is shown with st.error (and the page stops drawing)."""
+    try:
+        return fn()
+    except HeadLabError as exc:
+        st.error(str(exc))
+        if stop:
+            st.stop()
+        return None
+
+
+def format_tokens(tokens: int) -> str:
+    """Token counts as researchers read them: 12.3k, 4.1M, 2.0B."""
+    if tokens < 0:
+        return "unknown tokens"
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if tokens >= scale:
+            return f"{tokens / scale:.3g}{unit} tokens"
+    return f"{tokens} tokens"
+
+
+def export_buttons(bundle: FigureBundle, key: str) -> None:
+    """Download buttons for one figure: paper-theme PNG (high resolution), SVG, PDF, and its data as CSV/JSON."""
+    with st.popover(":material/download:", help="Export this figure for a paper, or its data"):
+        st.caption("Paper theme (white, serif, print size); data with provenance.")
+        for fmt, mime in IMAGE_MIME:
+            st.download_button(f"{fmt.upper()}", data=lambda b=bundle, f=fmt: b.image_bytes(f),
+                               file_name=f"{bundle.name}.{fmt}", mime=mime, key=f"{key}-dl-{fmt}", on_click="ignore")
+        st.download_button("CSV (data)", data=bundle.csv_bytes(), file_name=f"{bundle.name}.csv", mime="text/csv",
+                           key=f"{key}-dl-csv", on_click="ignore")
+        st.download_button("JSON (data + provenance)", data=bundle.json_bytes(), file_name=f"{bundle.name}.json",
+                           mime="application/json", key=f"{key}-dl-json", on_click="ignore")
+
+
+def show_figure(bundle: FigureBundle, key: str, pickable: bool = False, stretch: bool = True) -> list[Head]:
+    """Draw a figure with its caption and export buttons; returns the heads the user picked on it."""
+    kwargs: dict[str, Any] = {}
+    if pickable:
+        kwargs = {"on_select": "rerun", "selection_mode": ("points", "box", "lasso")}
+    event = st.plotly_chart(bundle.figure, key=key, theme=None, width="stretch" if stretch else "content",
+                            config={"displaylogo": False}, **kwargs)
+    caption, export = st.columns([5, 1])
+    if bundle.caption:
+        caption.caption(bundle.caption)
+    with export:
+        export_buttons(bundle, key)
+    if not pickable or event is None:
+        return []
+    try:
+        return heads_from_points(event.get("selection", {}).get("points", []))
+    except (HeadLabError, AttributeError):
+        return []
+
+
+def new_pick(chart_key: str) -> list[Head]:
+    """Heads newly picked on the pickable chart `chart_key` since the last run, read before it is redrawn.
+
+    A page that fills a widget from the pick reads it here, before that widget is drawn; an unchanged
+    selection returns [] so it does not overwrite what the user typed since.
+    """
+    state = st.session_state.get(chart_key)
+    try:
+        picked = heads_from_points(state["selection"]["points"] if state else [])
+    except (KeyError, TypeError, HeadLabError):
+        picked = []
+    last_key = f"_last_pick_{chart_key}"
+    new = picked if picked and picked != st.session_state.get(last_key) else []
+    st.session_state[last_key] = picked or None
+    return new

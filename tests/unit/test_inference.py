@@ -1,0 +1,157 @@
+"""Statistics of ablation deltas (core/stats/inference.py): z, rank and p, bootstrap, direction, verdicts.
+
+Hand-made numbers, and the published closure statistics reproduced from ../shared/reference/
+(reference/MANIFEST.md section (a)); no model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from core.errors import HeadLabError
+from core.stats.inference import (Verdict, bootstrap_ci, closure_verdict, empirical_rank_p, is_damaging, recipe_verdict,
+                                  z_score)
+
+REFERENCE = Path(__file__).resolve().parents[2].parent / "shared" / "reference"
+CLOSURE = REFERENCE / "coactivation-closure" / "results"
+
+
+def test_z_score_hand_made():
+    assert z_score(3.0, [1.0, 2.0, 3.0]) == pytest.approx(1.0 / np.sqrt(2.0 / 3.0))
+    assert z_score(1.5, [1.0, 1.0, 1.0]) == pytest.approx(0.5 / 1e-9)
+    assert z_score(-1.0, [0.0, 2.0]) == pytest.approx(-2.0)
+    with pytest.raises(HeadLabError):
+        z_score(1.0, [])
+
+
+def test_empirical_rank_p_hand_made():
+    rp = empirical_rank_p(5.0, [1.0, 2.0, 5.0, 6.0], damage_sign=+1)
+    assert (rp.rank, rp.p) == (3, pytest.approx(3 / 5))
+    rp = empirical_rank_p(-0.5, [-0.1, -0.6, 0.0], damage_sign=-1)
+    assert (rp.rank, rp.p) == (2, pytest.approx(2 / 4))
+    rp = empirical_rank_p(19.0, list(range(19)), damage_sign=+1)
+    assert (rp.rank, rp.p) == (1, pytest.approx(1 / 20))
+
+
+def test_bootstrap_ci_hand_made():
+    assert bootstrap_ci([0.25] * 30) == (pytest.approx(0.25), pytest.approx(0.25))
+    deltas = np.array([0.0, 1.0] * 200)  # mean 0.5, standard error 0.5 / sqrt(400) = 0.025
+    low, high = bootstrap_ci(deltas, n_boot=4000, seed=0)
+    assert low == pytest.approx(0.5 - 1.96 * 0.025, abs=0.006)
+    assert high == pytest.approx(0.5 + 1.96 * 0.025, abs=0.006)
+    assert bootstrap_ci(deltas, seed=3) == bootstrap_ci(deltas, seed=3)
+    narrow = bootstrap_ci(deltas, level=0.5, seed=0)
+    assert low < narrow[0] < narrow[1] < high
+
+
+def test_direction_checks():
+    assert is_damaging("loss", 0.1) and not is_damaging("loss", -0.1)
+    for metric in ("top1", "top5", "target_logit", "acc_top1", "mean_logit_B"):
+        assert is_damaging(metric, -0.1) and not is_damaging(metric, 0.1)
+    with pytest.raises(HeadLabError, match="not defined"):
+        is_damaging("exact_match", 0.1)
+
+
+def _recipe_case(n=19, cand_loss=1.0, cand_top1=-0.5, clean_top1=0.6, ub_top1=-0.58, best_control=0.18):
+    controls = {"loss": list(np.linspace(0.0, best_control, n)), "top1": list(np.linspace(0.0, -0.05, n))}
+    return recipe_verdict({"loss": cand_loss, "top1": cand_top1}, controls, clean_top1, {"top1": ub_top1})
+
+
+def test_recipe_verdict_hand_made():
+    assert _recipe_case().label == "causal"
+    assert _recipe_case(best_control=1.2).label == "not causal"  # one control hurts the loss more
+    assert _recipe_case(cand_top1=-0.01).label == "not causal"  # top-1 barely moves
+    assert _recipe_case(ub_top1=-0.3).label == "not causal"  # upper bound removes only 50%
+    assert _recipe_case(clean_top1=0.1, ub_top1=-0.1).label == "inconclusive"
+    assert _recipe_case(n=18).label == "inconclusive"
+    loose = recipe_verdict({"loss": 1.0, "top1": -0.5}, {"loss": [0.1] * 5, "top1": [0.0] * 5}, 0.6, {"top1": -0.58}, min_controls=5)
+    assert loose.label == "causal" and "5" in loose.rule
+
+
+def test_closure_verdict_hand_made():
+    ctrl = {"loss": [0.0, 0.1, 0.2], "top1": [0.0, -0.01, -0.02], "target_logit": [0.0, -0.1, -0.2]}
+    strong = {"loss": 1.0, "top1": -0.2, "target_logit": -2.0}
+    assert closure_verdict(strong, ctrl).label == "pass"
+    assert closure_verdict(strong, ctrl, rule="reference").label == "pass"
+    assert closure_verdict(strong, ctrl, headline="loss").label == "pass"
+    weak = {"loss": 0.15, "top1": -0.015, "target_logit": -0.15}  # damaging but inside the controls
+    assert closure_verdict(weak, ctrl).label == "fail"
+    assert "z_target_logit = -0.61 is not beyond -1.8." in closure_verdict(weak, ctrl).reasons
+    assert "z_loss = +0.61 is not beyond +1.8." in closure_verdict(weak, ctrl, headline="loss").reasons
+    assert closure_verdict(weak, ctrl, rule="reference").label == "fail"
+    mixed = {"loss": 1.0, "top1": 0.05, "target_logit": -2.0}  # top-1 goes up: not every delta is damage
+    assert closure_verdict(mixed, ctrl).label == "fail"
+    wrong = {"loss": -1.0, "top1": -0.01, "target_logit": -0.1}
+    verdict = closure_verdict(wrong, ctrl)
+    assert verdict.label == "fails in the wrong direction" and "lowers the loss" in verdict.reasons[0]
+    with pytest.raises(HeadLabError, match="does not define"):
+        closure_verdict({"loss": 1.0}, {"loss": [0.0, 0.1]}, headline="logit")
+    with pytest.raises(HeadLabError, match="not defined"):
+        closure_verdict({"exact_match": -0.3}, {"exact_match": [0.0]})
+    with pytest.raises(HeadLabError, match="rule"):
+        closure_verdict(strong, ctrl, rule="vibes")
+
+
+def _reference_deltas(baseline: dict, candidate: dict, controls: list[dict], metrics: dict[str, str]):
+    cand = {ours: candidate[theirs] - baseline[theirs] for ours, theirs in metrics.items()}
+    ctrl = {ours: [c[theirs] - baseline[theirs] for c in controls] for ours, theirs in metrics.items()}
+    return cand, ctrl
+
+
+def test_reference_olmo_natural_text_passes():
+    data = json.loads((CLOSURE / "olmo_1b_nat_ising" / "closure_test.json").read_text())
+    metrics = {"loss": "loss", "top1": "acc_top1", "target_logit": "mean_logit_target"}
+    cand, ctrl = _reference_deltas(data["baseline"], data["candidate_ablation"], data["controls"], metrics)
+    z = {m: z_score(cand[m], ctrl[m]) for m in metrics}
+    assert z["loss"] == pytest.approx(36.44, abs=0.005)
+    assert z["top1"] == pytest.approx(-50.59, abs=0.005)
+    assert z["target_logit"] == pytest.approx(-50.93, abs=0.005)
+    assert z["loss"] == pytest.approx(data["summary"]["z_dloss"], abs=1e-6)
+    assert closure_verdict(cand, ctrl).label == "pass"
+    assert closure_verdict(cand, ctrl, rule="reference").label == "pass"
+    assert empirical_rank_p(cand["loss"], ctrl["loss"], +1).rank == 1
+
+
+def test_reference_olmo_synthetic_passes():
+    data = json.loads((CLOSURE / "olmo_1b_ising" / "closure_test.json").read_text())
+    metrics = {"loss": "loss", "top1": "acc_top1", "top5": "acc_top5", "target_logit": "mean_logit_B"}
+    cand, ctrl = _reference_deltas(data["baseline"], data["ablate_cluster2"], data["matched_random_controls"], metrics)
+    z = {m: z_score(cand[m], ctrl[m]) for m in metrics}
+    assert round(z["loss"], 2) == 1.83
+    assert round(z["top1"], 2) == -1.97
+    assert round(z["top5"], 2) == -2.13
+    assert round(z["target_logit"], 2) == -2.68
+    verdict = closure_verdict(cand, ctrl)
+    assert verdict.label == "pass" and "paper" in verdict.rule
+    assert closure_verdict(cand, ctrl, headline="loss").label == "pass"
+    assert closure_verdict(cand, ctrl, rule="reference").label == "pass"
+
+
+def test_reference_olmoe_route_conditional_fails_in_the_wrong_direction():
+    data = json.loads((CLOSURE / "olmoe_route_conditioned" / "closure_test.json").read_text())
+    metrics = {"loss": "loss", "top1": "acc_top1", "target_logit": "mean_logit_target"}
+    split = "cluster1"
+    cand, ctrl = _reference_deltas(
+        data["baseline"][split], data["candidate_ablation"][split], [c[split] for c in data["controls"]], metrics
+    )
+    z = {m: z_score(cand[m], ctrl[m]) for m in metrics}
+    assert round(z["loss"], 2) == -5.64
+    assert round(z["top1"], 2) == -0.22
+    assert round(z["target_logit"], 2) == -2.97
+    assert z["loss"] == pytest.approx(data["summary"]["z_candidate_vs_controls_cluster1"], abs=1e-6)
+    for rule in ("paper", "reference"):
+        assert closure_verdict(cand, ctrl, rule=rule).label == "fails in the wrong direction"
+
+
+
+def test_verdict_json_keys_and_roundtrip():
+    ctrl = {"loss": [0.0, 0.1, 0.2], "top1": [0.0, -0.01, -0.02], "target_logit": [0.0, -0.1, -0.2]}
+    verdict = closure_verdict({"loss": 1.0, "top1": -0.2, "target_logit": -2.0}, ctrl)
+    data = json.loads(json.dumps(verdict.to_json()))
+    assert list(data) == ["label", "rule", "reasons", "z"] and isinstance(data["reasons"], list)
+    assert Verdict.from_json(data) == verdict
+    assert Verdict.from_json({"label": "pass", "rule": "r"}) == Verdict("pass", "r")  # older files: no reasons, no z
