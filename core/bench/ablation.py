@@ -15,6 +15,8 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
+from transformer_lens.model_bridge import TransformerBridge
+from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
 from core.ablation.engine import run_conditions
 from core.ablation.spec import Ablation, query_metrics
@@ -26,10 +28,6 @@ from core.stats.inference import METRICS
 
 def _bench_model(seed: int):
     """An 8-layer, 8-head GPT-NeoX (d_model 256) with random weights, booted as a TransformerBridge."""
-    # Heavy (about 10 s on these CPUs): imported when the bench runs, not whenever `python -m core` builds its parser.
-    from transformer_lens.model_bridge import TransformerBridge  # heavy, see above
-    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM  # heavy, see above
-
     config = GPTNeoXConfig(
         vocab_size=260, hidden_size=256, num_hidden_layers=8, num_attention_heads=8, intermediate_size=1024,
         max_position_embeddings=512, rotary_pct=1.0, use_parallel_residual=True, tie_word_embeddings=False,
