@@ -6,14 +6,17 @@ checkpoint, probe; kept in the session and the URL, see pages/_state.py) and the
 which reads the workspace, asks core (through pages/_cache.py) and draws.
 """
 
+import huggingface_hub.constants as hub_constants
 import streamlit as st
 
 from core.errors import HeadLabError
+from core.model.loading import DTYPES
 from core.model.refs import ModelRef, list_zoo
 from core.tasks.specs import probe_spec
-from pages._cache import cached_checkpoints, model_stamp
-from pages._state import (DEFAULT_MODEL, MODEL, MODEL_FOLDER, N_EXAMPLES, REVISION, SEED, SEQ_LEN, TASK, TOKEN_HIGH,
-                          TOKEN_LOW, Workspace, bound, follow_hand_off, init_state, publish_workspace, sync_url)
+from pages._cache import cached_checkpoints, cached_hub_revisions, model_stamp
+from pages._state import (DEFAULT_MODEL, DTYPE, MODEL, MODEL_FOLDER, N_EXAMPLES, REVISION, SEED, SEQ_LEN, TASK,
+                          TOKEN_HIGH, TOKEN_LOW, Workspace, bound, follow_hand_off, init_state, publish_workspace,
+                          sync_url)
 from pages._widgets import format_tokens
 
 PAGES = [
@@ -42,8 +45,19 @@ def _choose_model() -> str | None:
         return model_name
     if not current:
         st.session_state[MODEL] = DEFAULT_MODEL if DEFAULT_MODEL in options else options[0]
-    return bound(st.selectbox, "Model (zoo name or local Hugging Face folder)", MODEL, options, accept_new_options=True,
-                 help="Pick a zoo model, or type the path of a local Hugging Face folder.")
+    return bound(st.selectbox, "Model (zoo name, local folder or hub name)", MODEL, options, accept_new_options=True,
+                 help="Pick a zoo model, or type the path of a local Hugging Face folder or a hub name such as "
+                      "EleutherAI/pythia-160m (offline, with HF_HUB_OFFLINE=1, its checkpoints are the revisions in "
+                      "the local Hugging Face cache).")
+
+
+def _hub_caption(model_name: str) -> None:
+    """Where a hub model's checkpoints come from, and what the local Hugging Face cache holds."""
+    cached = list(cached_hub_revisions(model_name))
+    shown = ", ".join(cached if len(cached) <= 6 else cached[:3] + ["..."] + cached[-3:])
+    source = "the local Hugging Face cache (offline)" if hub_constants.is_offline_mode() else "the hub's branches"
+    st.caption(f"hub model · checkpoints from {source} · the cache (`{hub_constants.HF_HUB_CACHE}`) holds "
+               f"{len(cached)} revisions: {shown or 'none'}")
 
 
 def _choose_probe():
@@ -98,14 +112,20 @@ def workspace_sidebar() -> Workspace | None:
             revision = revisions[0]
         st.session_state[REVISION] = revision
         st.caption(f"revision `{revision}` · {len(revisions)} checkpoints")
+        if ref.kind == "hub":
+            _hub_caption(model_name)
         try:
             spec = _choose_probe()
         except HeadLabError as exc:
             st.error(str(exc))
             sync_url()
             return None
+        dtype = bound(st.selectbox, "Precision", DTYPE, list(DTYPES),
+                      help="The dtype models run in. float32 is exact and the default; bfloat16 and float16 halve "
+                           "the memory (the reference probe ran in float16 on GPUs). Statistics are accumulated in "
+                           "float32 either way, and each dtype has its own cached results.")
     sync_url()
-    return Workspace(model_name, ref, tuple(checkpoints), revision, spec, stamp)
+    return Workspace(model_name, ref, tuple(checkpoints), revision, spec, stamp, dtype)
 
 
 st.set_page_config(page_title="HeadLab", page_icon=":material/hub:", layout="wide")

@@ -9,7 +9,12 @@ co-activation signal, the router weights for MoE strata, and the clean metrics f
 
 `head_stats(ref, checkpoint, probe)` is the one cached entry point: the CLI, the pipelines and the
 pages all ask it, and it runs the pass only when the on-disk cache (core.store) has no entry for
-(model, revision, weights, probe, HEADSTATS_VERSION). core.bench.probe times the pass.
+(model, revision, weights, probe, HEADSTATS_VERSION, and the dtype when it is not float32).
+core.bench.probe times the pass.
+
+Precision: a model loaded in bfloat16 or float16 runs its forward pass in that dtype, but every
+hook casts what it keeps to float32 before any sum or product (the pattern summaries, the clean
+metrics' logsumexp), so HeadStats tensors are float32 whatever the model's dtype.
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ import torch
 
 from core.ablation.spec import query_metrics
 from core.errors import HeadLabError
-from core.model.hooks import _bind, hook_name, model_context_length, model_family, model_vocab_size, router_logit_hooks
-from core.model.loading import load_model
+from core.model.hooks import (_bind, hook_name, model_context_length, model_device, model_dtype, model_family,
+                              model_vocab_size, router_logit_hooks)
+from core.model.loading import DEFAULT_DTYPE, dtype_name, load_model
 from core.model.refs import Checkpoint, ModelRef, weights_fingerprint
 from core.results import package_versions
 from core.stats.selectivity import baseline_positions
@@ -50,7 +56,7 @@ _TENSOR_FIELDS = (
 )
 _META_FIELDS = (
     "model", "revision", "tokens", "family", "probe_spec", "code_version",
-    "n_layers", "n_heads", "d_head", "n_experts", "patterns", "versions",
+    "n_layers", "n_heads", "d_head", "n_experts", "patterns", "versions", "dtype",
 )
 
 
@@ -58,7 +64,7 @@ _META_FIELDS = (
 class HeadStats:
     """Per-head measurements of one checkpoint on one probe batch, plus where they came from.
 
-    Tensors (CPU):
+    Tensors (CPU, float32 whatever the model's dtype, which `dtype` records):
       z_query        [example, layer, head, d_head] float32, head output (hook_z) at q
       attn_query     [example, layer, head, key] float32/float16 attention row at q, or None when too big
       attn_patterns  [pattern, example, layer, head] float32, attention to each PATTERNS target
@@ -96,6 +102,7 @@ class HeadStats:
     n_experts: int = 0
     patterns: tuple = PATTERNS
     versions: dict = field(default_factory=dict)
+    dtype: str = DEFAULT_DTYPE  # the model's precision in the pass (entries older than this field: float32)
 
     @property
     def n_examples(self) -> int:
@@ -246,13 +253,14 @@ def collect_head_stats(
     model,
     batch: ProbeBatch,
     chunk_size: int = 64,
-    device: str | torch.device = "cpu",
+    device: str | torch.device | None = None,
     progress: Optional[Callable[[int], Any]] = None,
     provenance: Optional[dict] = None,
     keep_attn_rows: Optional[bool] = None,
 ) -> HeadStats:
     """Run `batch` through `model` once (in chunks of `chunk_size` examples) and measure every head.
 
+    device: where the inputs go (default: the model's device).
     progress: called with the number of examples finished after each chunk (e.g. tqdm's update).
     provenance: model, revision, tokens (and optionally family) to record in the result.
     keep_attn_rows: None decides by size (see attn_row_dtype); True/False forces it.
@@ -260,6 +268,7 @@ def collect_head_stats(
     if int(chunk_size) < 1:
         raise HeadLabError("chunk_size must be at least 1; pass a positive number of examples per chunk.")
     check_probe_fits(batch, model)
+    device = model_device(model) if device is None else device
     n, seq_len = batch.n_examples, batch.seq_len
     n_layers, n_heads, d_head = int(model.cfg.n_layers), int(model.cfg.n_heads), int(model.cfg.d_head)
     routers = router_logit_hooks(model)  # {layer: hook name of router logits [batch*pos, expert]}
@@ -340,7 +349,7 @@ def collect_head_stats(
         family=str(prov.get("family") or model_family(model)), probe_spec=dict(batch.spec),
         code_version=HEADSTATS_VERSION, n_layers=n_layers, n_heads=n_heads, d_head=d_head,
         n_experts=0 if router_query is None else int(router_query.shape[-1]), patterns=tuple(PATTERNS),
-        versions=package_versions(),
+        versions=package_versions(), dtype=dtype_name(model_dtype(model)),
     )
 
 
@@ -348,34 +357,43 @@ def collect_head_stats(
 # the cached entry point
 
 
-def head_stats_key(ref: ModelRef | str, revision: Optional[str], probe_spec: dict) -> str:
-    """The cache key of one checkpoint's HeadStats; probe_spec is the batch's `spec` (with its provenance)."""
+def head_stats_key(ref: ModelRef | str, revision: Optional[str], probe_spec: dict,
+                   dtype: str | torch.dtype = DEFAULT_DTYPE) -> str:
+    """The cache key of one checkpoint's HeadStats; probe_spec is the batch's `spec` (with its provenance).
+
+    dtype: the model's precision in the pass. A half-precision pass is another entry; float32 keys
+    carry no dtype at all, so they stay those of entries written before the dtype existed.
+    """
     model_id = ref.to_json() if isinstance(ref, ModelRef) else str(ref)
     extra = {"weights": weights_fingerprint(ref, revision)}
+    if dtype_name(dtype) != DEFAULT_DTYPE:
+        extra["dtype"] = dtype_name(dtype)
     return cache_key(HEADSTATS_KIND, canonical_json(model_id), revision, probe_spec, HEADSTATS_VERSION, extra)
 
 
 def head_stats(ref: ModelRef, checkpoint: Checkpoint, probe: ProbeSpec | ProbeBatch, model: Any = None,
                device: str | torch.device = "cpu", chunk_size: int = 64,
                progress: Optional[Callable[[int], Any]] = None,
-               on_status: Optional[Callable[[str], None]] = None) -> HeadStats:
+               on_status: Optional[Callable[[str], None]] = None,
+               dtype: str | torch.dtype = DEFAULT_DTYPE) -> HeadStats:
     """One checkpoint's HeadStats: from the cache, else one instrumented pass (then cached).
 
     probe: a spec, or the batch already built from one (a loop over checkpoints builds it once).
-    model: the loaded checkpoint, if the caller has it; else it is loaded only on a cache miss.
+    model: the loaded checkpoint, if the caller has it; else it is loaded (on `device`, in `dtype`)
+    only on a cache miss. A given model's own dtype is the one the key records.
     progress: called with examples done, during a pass; on_status: called with "cached" or "computed".
     """
     batch = probe if isinstance(probe, ProbeBatch) else probe.build()
-    key = head_stats_key(ref, checkpoint.revision, dict(batch.spec))
+    dtype = dtype_name(model_dtype(model) if model is not None else dtype)
+    key = head_stats_key(ref, checkpoint.revision, dict(batch.spec), dtype)
     hit = load_entry(key)
     if hit is not None:
         if on_status:
             on_status("cached")
         return HeadStats.from_tensors(*hit)
-    loaded = model if model is not None else load_model(ref, checkpoint.revision, device=device)
+    loaded = model if model is not None else load_model(ref, checkpoint.revision, device=device, dtype=dtype)
     provenance = {"model": ref.name, "revision": checkpoint.revision, "tokens": checkpoint.tokens}
-    stats = collect_head_stats(loaded, batch, chunk_size=chunk_size, device=device, progress=progress,
-                               provenance=provenance)
+    stats = collect_head_stats(loaded, batch, chunk_size=chunk_size, progress=progress, provenance=provenance)
     save_entry(key, stats.to_tensors(), stats.to_json())
     if on_status:
         on_status("computed")
@@ -390,5 +408,5 @@ def full_attention_pattern(model: Any, tokens: torch.Tensor, layer: int) -> torc
     """
     name = hook_name("pattern", layer)
     with torch.no_grad():
-        _, cache = model.run_with_cache(tokens, names_filter=lambda n: n == name)
+        _, cache = model.run_with_cache(tokens.to(model_device(model)), names_filter=lambda n: n == name)
     return cache[name].float().cpu()

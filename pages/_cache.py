@@ -2,7 +2,8 @@
 
 Data loads go through `st.cache_data` over core's disk cache, models through `st.cache_resource`.
 Cache keys are plain strings and numbers: the model name, revision, the probe spec as canonical
-JSON (`Workspace.spec_json`) and the model's stamp (which changes when its files do).
+JSON (`Workspace.spec_json`), the model's stamp (which changes when its files do) and the dtype the
+models run in (`Workspace.dtype`).
 
 Long runs (an ablation study, a closure test, an analysis) draw their progress and can be
 cancelled, and a page must know whether a run exists before it offers the run's button; st.cache_*
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,14 +25,14 @@ import streamlit as st
 from core.ablation.study import AblationSettings, ablate_alone, ablation_study
 from core.errors import HeadLabError
 from core.heads import Head, HeadSet
-from core.model.loading import load_config, load_model
-from core.model.refs import Checkpoint, ModelRef, list_checkpoints, resolve_checkpoint
+from core.model.loading import DEFAULT_DTYPE, load_config, load_model
+from core.model.refs import Checkpoint, ModelRef, cached_revisions, list_checkpoints, resolve_checkpoint
 from core.pipelines.attribution import analyze_ref, stored_result
 from core.pipelines.attribution_results import AttributionSettings
 from core.pipelines.closure import closure_test
 from core.pipelines.coactivation import CoactivationSettings, coactivation
 from core.pipelines.dynamics import cross_seed_matrix, form_vs_function, training_trajectories
-from core.pipelines.proposers import proposers_vs_disposer
+from core.pipelines.proposers import DISPOSER, proposers_vs_disposer
 from core.pipelines.recipe import ScreenSettings, screen, screen_checkpoint
 from core.probe import check_probe_fits, full_attention_pattern, head_stats, head_stats_key
 from core.store import entry_path
@@ -43,13 +45,17 @@ _WARM_REPORTS = "_warm_reports"  # session key: (model, probe, stamp) whose chec
 
 
 def model_stamp(model_name: str) -> str:
-    """Changes when a model is retrained or a checkpoint folder appears or vanishes (cache key part)."""
+    """Changes when a model is retrained or a checkpoint folder appears or vanishes (cache key part).
+
+    A hub model's stamp is what the local Hugging Face cache holds (revision=commit), so a
+    download or a moved branch refreshes its checkpoint list and statistics.
+    """
     try:
         ref = ModelRef.parse(model_name)
     except HeadLabError:
         return ""
     if ref.kind == "hub":
-        return ""
+        return ",".join(f"{rev}={commit}" for rev, commit in sorted(cached_hub_revisions(ref.name).items()))
     root = zoo_dir() / ref.name if ref.kind == "zoo" else Path(ref.name)
     parts = []
     manifest = root / "manifest.json"
@@ -61,13 +67,19 @@ def model_stamp(model_name: str) -> str:
     return "|".join(parts)
 
 
+@st.cache_data(show_spinner=False, ttl=30)
+def cached_hub_revisions(model_name: str) -> dict[str, str]:
+    """Revision -> commit of a hub model in the local Hugging Face cache (a cache scan, redone every 30 s)."""
+    return cached_revisions(model_name)
+
+
 # ---------------------------------------------------------------------------------------------
 # models, probes, head statistics, screens
 
 
 @st.cache_resource(show_spinner="Loading model...", max_entries=4)
-def cached_model(model_name: str, revision: str, stamp: str = ""):
-    return load_model(ModelRef.parse(model_name), revision)
+def cached_model(model_name: str, revision: str, stamp: str = "", dtype: str = DEFAULT_DTYPE):
+    return load_model(ModelRef.parse(model_name), revision, dtype=dtype)
 
 
 @st.cache_data(show_spinner=False)
@@ -86,23 +98,23 @@ def check_fits(ws: Workspace) -> None:
 
 
 @st.cache_data(show_spinner="Measuring every head on the probe...", max_entries=32)
-def cached_stats(model_name: str, revision: str, spec_json: str, stamp: str):
-    """HeadStats of one checkpoint (core's disk cache, else one instrumented pass)."""
+def cached_stats(model_name: str, revision: str, spec_json: str, stamp: str, dtype: str = DEFAULT_DTYPE):
+    """HeadStats of one checkpoint (core's disk cache, else one instrumented pass in `dtype`)."""
     ref = ModelRef.parse(model_name)
-    return head_stats(ref, resolve_checkpoint(ref, revision), cached_batch(spec_json))
+    return head_stats(ref, resolve_checkpoint(ref, revision), cached_batch(spec_json), dtype=dtype)
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
-def cached_checkpoint_screen(model_name: str, revision: str, spec_json: str, stamp: str):
+def cached_checkpoint_screen(model_name: str, revision: str, spec_json: str, stamp: str, dtype: str = DEFAULT_DTYPE):
     """Step 2 at one checkpoint, with the induction null (so every checkpoint has its null floor)."""
-    return screen_checkpoint(cached_stats(model_name, revision, spec_json, stamp), n_null_draws=NULL_DRAWS)
+    return screen_checkpoint(cached_stats(model_name, revision, spec_json, stamp, dtype), n_null_draws=NULL_DRAWS)
 
 
 @st.cache_data(show_spinner="Screening every checkpoint...", max_entries=16)
-def cached_report(model_name: str, spec_json: str, definition: str, k: float, stamp: str):
+def cached_report(model_name: str, spec_json: str, definition: str, k: float, stamp: str, dtype: str = DEFAULT_DTYPE):
     k_arg = int(k) if k >= 1 else float(k)
     return screen(ModelRef.parse(model_name), spec_from_json(spec_json),
-                  ScreenSettings(k=k_arg, definition=definition, n_null_draws=NULL_DRAWS))
+                  ScreenSettings(k=k_arg, definition=definition, n_null_draws=NULL_DRAWS), dtype=dtype)
 
 
 def forget_data() -> None:
@@ -112,38 +124,39 @@ def forget_data() -> None:
 
 def checkpoint_stats(ws: Workspace):
     check_fits(ws)
-    return cached_stats(ws.model_name, ws.revision, ws.spec_json, ws.stamp)
+    return cached_stats(ws.model_name, ws.revision, ws.spec_json, ws.stamp, ws.dtype)
 
 
 def checkpoint_screen(ws: Workspace):
     check_fits(ws)
-    return cached_checkpoint_screen(ws.model_name, ws.revision, ws.spec_json, ws.stamp)
+    return cached_checkpoint_screen(ws.model_name, ws.revision, ws.spec_json, ws.stamp, ws.dtype)
 
 
 def screen_report(ws: Workspace, definition: str = "entropy", k: float = 0.18):
     """Steps 1-2 over every checkpoint; the first time, measures missing checkpoints with a progress bar."""
     check_fits(ws)
-    marker = ("warm", ws.model_name, ws.spec_json, ws.stamp)
+    marker = ("warm", ws.model_name, ws.spec_json, ws.stamp, ws.dtype)
     warmed = st.session_state.setdefault(_WARM_REPORTS, set())
     if marker not in warmed:
         batch = cached_batch(ws.spec_json)
         spec = dict(batch.spec)
-        missing = [c for c in ws.checkpoints if not entry_path(head_stats_key(ws.ref, c.revision, spec)).is_dir()]
+        missing = [c for c in ws.checkpoints
+                   if not entry_path(head_stats_key(ws.ref, c.revision, spec, ws.dtype)).is_dir()]
         if missing:
             bar = st.progress(0.0, text=f"Measuring {len(missing)} checkpoints (once; then cached on disk)...")
             for i, ckpt in enumerate(missing):
-                head_stats(ws.ref, ckpt, batch)
+                head_stats(ws.ref, ckpt, batch, dtype=ws.dtype)
                 bar.progress((i + 1) / len(missing), text=f"Measured {ckpt.revision} ({i + 1}/{len(missing)})")
             bar.empty()
         warmed.add(marker)
-    return cached_report(ws.model_name, ws.spec_json, definition, float(k), ws.stamp)
+    return cached_report(ws.model_name, ws.spec_json, definition, float(k), ws.stamp, ws.dtype)
 
 
 @st.cache_data(show_spinner="Running the model once on the chosen examples...", max_entries=64)
 def cached_full_pattern(model_name: str, revision: str, spec_json: str, layer: int, head: int,
-                        examples: tuple[int, ...], stamp: str) -> np.ndarray:
+                        examples: tuple[int, ...], stamp: str, dtype: str = DEFAULT_DTYPE) -> np.ndarray:
     """One head's full attention pattern on a few probe examples: [example, query, key]."""
-    model = cached_model(model_name, revision, stamp)
+    model = cached_model(model_name, revision, stamp, dtype)
     tokens = cached_batch(spec_json).tokens[list(examples)]  # [example, pos]
     return full_attention_pattern(model, tokens, layer)[:, head].numpy()  # [example, query, key]
 
@@ -153,14 +166,15 @@ def cached_full_pattern(model_name: str, revision: str, spec_json: str, layer: i
 
 
 @st.cache_data(show_spinner="Fitting the Ising model and clustering |J|...", max_entries=16)
-def cached_proposal(model_name: str, revision: str, spec_json: str, stamp: str, settings: CoactivationSettings):
+def cached_proposal(model_name: str, revision: str, spec_json: str, stamp: str, settings: CoactivationSettings,
+                    dtype: str = DEFAULT_DTYPE):
     """The co-activation proposal (no ablation): core's pipeline with settings.run_closure False."""
-    return coactivation(ModelRef.parse(model_name), revision, spec_from_json(spec_json), settings)
+    return coactivation(ModelRef.parse(model_name), revision, spec_from_json(spec_json), settings, dtype=dtype)
 
 
 @st.cache_data(show_spinner="Reading every checkpoint's head statistics...", max_entries=16)
-def cached_trajectories(model_name: str, spec_json: str, definition: str, stamp: str):
-    return training_trajectories(ModelRef.parse(model_name), spec_from_json(spec_json), definition)
+def cached_trajectories(model_name: str, spec_json: str, definition: str, stamp: str, dtype: str = DEFAULT_DTYPE):
+    return training_trajectories(ModelRef.parse(model_name), spec_from_json(spec_json), definition, dtype=dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -183,7 +197,7 @@ def _store(key: tuple, value: Any) -> Any:
 
 
 def _ablation_key(ws: Workspace, selection: HeadSet, settings: AblationSettings) -> tuple:
-    return ("ablation", ws.model_name, ws.revision, ws.spec_json, ws.stamp, str(selection), settings)
+    return ("ablation", ws.model_name, ws.revision, ws.spec_json, ws.stamp, ws.dtype, str(selection), settings)
 
 
 def stored_ablation(ws: Workspace, selection: HeadSet, settings: AblationSettings) -> dict | None:
@@ -194,7 +208,7 @@ def stored_ablation(ws: Workspace, selection: HeadSet, settings: AblationSetting
 def run_ablation(ws: Workspace, selection: HeadSet, settings: AblationSettings,
                  progress: Callable[[int, int], None] | None = None, cancel: Callable[[], bool] | None = None) -> dict:
     """Run (and store) the ablation study of `selection`; AblationCancelled when cancel() says so."""
-    model = cached_model(ws.model_name, ws.revision, ws.stamp)
+    model = cached_model(ws.model_name, ws.revision, ws.stamp, ws.dtype)
     start = time.perf_counter()
     result = ablation_study(model, cached_batch(ws.spec_json), selection, settings, progress=progress, cancel=cancel)
     entry = {"result": result, "seconds": time.perf_counter() - start, "model": ws.model_name,
@@ -203,7 +217,7 @@ def run_ablation(ws: Workspace, selection: HeadSet, settings: AblationSettings,
 
 
 def _single_key(ws: Workspace, head: Head) -> tuple:
-    return ("single", ws.model_name, ws.revision, ws.spec_json, ws.stamp, head)
+    return ("single", ws.model_name, ws.revision, ws.spec_json, ws.stamp, ws.dtype, head)
 
 
 def stored_single_ablation(ws: Workspace, head: Head):
@@ -213,14 +227,14 @@ def stored_single_ablation(ws: Workspace, head: Head):
 
 def run_single_ablation(ws: Workspace, head: Head):
     """Ablate `head` alone on the probe (zero ablation) and store (clean, ablated)."""
-    model = cached_model(ws.model_name, ws.revision, ws.stamp)
+    model = cached_model(ws.model_name, ws.revision, ws.stamp, ws.dtype)
     return _store(_single_key(ws, head), ablate_alone(model, cached_batch(ws.spec_json), head))
 
 
 def _closure_key(ws: Workspace, heads: HeadSet, n_controls: int, control_seed: int, route: Any) -> tuple:
     strata = None if route is None else (route.strata, route.discovery_stratum)
-    return ("closure", ws.model_name, ws.revision, ws.spec_json, ws.stamp, str(heads), n_controls, control_seed,
-            strata)
+    return ("closure", ws.model_name, ws.revision, ws.spec_json, ws.stamp, ws.dtype, str(heads), n_controls,
+            control_seed, strata)
 
 
 def stored_closure(ws: Workspace, heads: HeadSet, n_controls: int, control_seed: int, route: Any = None):
@@ -232,13 +246,13 @@ def run_closure(ws: Workspace, heads: HeadSet, n_controls: int, control_seed: in
                 progress: Callable[[int, int], None] | None = None):
     """Run (and store) the closure test of `heads`; with routing, also on and off the discovery stratum."""
     on = None if route is None else [s == route.discovery_stratum for s in route.strata]
-    test = closure_test(cached_model(ws.model_name, ws.revision, ws.stamp), cached_batch(ws.spec_json), heads,
+    test = closure_test(cached_model(ws.model_name, ws.revision, ws.stamp, ws.dtype), cached_batch(ws.spec_json), heads,
                         AblationSettings(n_controls=n_controls, seed=control_seed), on_stratum=on, progress=progress)
     return _store(_closure_key(ws, heads, n_controls, control_seed, route), test)
 
 
 def _attribution_key(ws: Workspace, settings: AttributionSettings) -> tuple:
-    return ("attribution", ws.model_name, ws.revision, ws.stamp, settings)
+    return ("attribution", ws.model_name, ws.revision, ws.stamp, ws.dtype, settings)
 
 
 def stored_attribution(ws: Workspace, settings: AttributionSettings) -> dict | None:
@@ -246,7 +260,7 @@ def stored_attribution(ws: Workspace, settings: AttributionSettings) -> dict | N
     key = _attribution_key(ws, settings)
     entry = _stored(key)
     if entry is None and ws.ref.kind == "zoo":
-        result = stored_result(ws.model_name, settings, ws.revision)
+        result = stored_result(ws.model_name, settings, ws.revision, ws.dtype)
         if result is not None:
             entry = _store(key, {"result": result, "how": "loaded from the stored preset run (reports/attribution)"})
     return entry
@@ -256,14 +270,14 @@ def run_attribution(ws: Workspace, settings: AttributionSettings,
                     progress: Callable[[str, int, int], None] | None = None) -> dict:
     """Analyse the workspace model (gradient vs causal) and store {"result", "how", "seconds"}."""
     start = time.perf_counter()
-    result = analyze_ref(ws.ref, settings, ws.revision, progress=progress)
+    result = analyze_ref(ws.ref, settings, ws.revision, progress=progress, dtype=ws.dtype)
     seconds = time.perf_counter() - start
     entry = {"result": result, "how": f"analysed in {seconds:.1f} s", "seconds": seconds}
     return _store(_attribution_key(ws, settings), entry)
 
 
 def _proposers_key(ws: Workspace, size: int, n_controls: int, controls: str) -> tuple:
-    return ("proposers", ws.model_name, ws.revision, ws.spec_json, ws.stamp, size, n_controls, controls)
+    return ("proposers", ws.model_name, ws.revision, ws.spec_json, ws.stamp, ws.dtype, size, n_controls, controls)
 
 
 def stored_proposers(ws: Workspace, size: int, n_controls: int, controls: str):
@@ -274,27 +288,30 @@ def stored_proposers(ws: Workspace, size: int, n_controls: int, controls: str):
 def run_proposers(ws: Workspace, size: int, n_controls: int, controls: str,
                   progress: Callable[[str], None] | None = None):
     """All four proposers and their closure tests (size 0: the screen circuit's size)."""
-    report = proposers_vs_disposer(ws.ref, ws.revision, ws.spec, size or None, n_controls, controls, progress=progress)
+    disposer = replace(DISPOSER, n_controls=n_controls, controls=controls)
+    report = proposers_vs_disposer(ws.ref, ws.revision, ws.spec, size or None, disposer, progress=progress,
+                                   dtype=ws.dtype)
     return _store(_proposers_key(ws, size, n_controls, controls), report)
 
 
-def _cross_seed_key(models: tuple[str, ...], spec_json: str, n_controls: int) -> tuple:
-    return ("cross-seed", models, spec_json, n_controls, tuple(model_stamp(m) for m in models))
+def _cross_seed_key(models: tuple[str, ...], spec_json: str, n_controls: int, dtype: str) -> tuple:
+    return ("cross-seed", models, spec_json, n_controls, dtype, tuple(model_stamp(m) for m in models))
 
 
-def stored_cross_seed(models: tuple[str, ...], spec_json: str, n_controls: int):
+def stored_cross_seed(models: tuple[str, ...], spec_json: str, n_controls: int, dtype: str = DEFAULT_DTYPE):
     """The cross-seed ablation matrix of `models` already run, or None."""
-    return _stored(_cross_seed_key(models, spec_json, n_controls))
+    return _stored(_cross_seed_key(models, spec_json, n_controls, dtype))
 
 
-def run_cross_seed(models: tuple[str, ...], spec_json: str, n_controls: int):
+def run_cross_seed(models: tuple[str, ...], spec_json: str, n_controls: int, dtype: str = DEFAULT_DTYPE):
     """Each model's final circuit ablated in each model (matched-random controls), stored."""
-    matrix = cross_seed_matrix([ModelRef.parse(m) for m in models], spec_from_json(spec_json), n_controls=n_controls)
-    return _store(_cross_seed_key(models, spec_json, n_controls), matrix)
+    matrix = cross_seed_matrix([ModelRef.parse(m) for m in models], spec_from_json(spec_json), n_controls=n_controls,
+                               dtype=dtype)
+    return _store(_cross_seed_key(models, spec_json, n_controls, dtype), matrix)
 
 
 def _form_function_key(ws: Workspace, circuit: HeadSet, n_controls: int, revisions: tuple[str, ...]) -> tuple:
-    return ("form-function", ws.model_name, ws.spec_json, ws.stamp, str(circuit), n_controls, revisions)
+    return ("form-function", ws.model_name, ws.spec_json, ws.stamp, ws.dtype, str(circuit), n_controls, revisions)
 
 
 def stored_form_function(ws: Workspace, circuit: HeadSet, n_controls: int, revisions: tuple[str, ...]):
@@ -304,6 +321,7 @@ def stored_form_function(ws: Workspace, circuit: HeadSet, n_controls: int, revis
 
 def run_form_function(ws: Workspace, circuit: HeadSet, n_controls: int, revisions: tuple[str, ...]):
     """The closure test of `circuit` at each of `revisions` against its selectivity there, stored."""
-    traj = cached_trajectories(ws.model_name, ws.spec_json, "entropy", ws.stamp)
-    ff = form_vs_function(ws.ref, circuit, ws.spec, traj, n_controls=n_controls, revisions=list(revisions))
+    traj = cached_trajectories(ws.model_name, ws.spec_json, "entropy", ws.stamp, ws.dtype)
+    ff = form_vs_function(ws.ref, circuit, ws.spec, traj, n_controls=n_controls, revisions=list(revisions),
+                          dtype=ws.dtype)
     return _store(_form_function_key(ws, circuit, n_controls, revisions), ff)

@@ -21,6 +21,7 @@ from streamlit.runtime.pages_manager import PagesManager
 
 from core.errors import HeadLabError
 from core.heads import Head, HeadSet, head_name, parse_heads
+from core.model.loading import DEFAULT_DTYPE
 from core.model.refs import Checkpoint, ModelRef
 from core.tasks.specs import ProbeSpec
 
@@ -37,11 +38,12 @@ TOKEN_LOW = "token_low"
 TOKEN_HIGH = "token_high"
 HEAD = "head"  # the head chosen anywhere ("L1H3"): the inspector shows it
 PATTERN = "pattern"  # the pattern screen's pattern
-URL_KEYS = (MODEL, REVISION, TASK, N_EXAMPLES, SEQ_LEN, SEED, TOKEN_LOW, TOKEN_HIGH, HEAD, PATTERN)
+DTYPE = "dtype"  # the precision models are loaded in (core.model.loading.DTYPES)
+URL_KEYS = (MODEL, REVISION, TASK, N_EXAMPLES, SEQ_LEN, SEED, TOKEN_LOW, TOKEN_HIGH, HEAD, PATTERN, DTYPE)
 INT_KEYS = (N_EXAMPLES, SEQ_LEN, SEED, TOKEN_LOW, TOKEN_HIGH)
 PR_DEFINITION = "pr_definition"  # spectral signal and training dynamics
 DEFAULTS = {TASK: "induction", N_EXAMPLES: 256, SEQ_LEN: 64, SEED: 42, TOKEN_LOW: 0, TOKEN_HIGH: 256,
-            PATTERN: "induction", PR_DEFINITION: "entropy"}
+            PATTERN: "induction", PR_DEFINITION: "entropy", DTYPE: DEFAULT_DTYPE}
 DEFAULT_MODEL = "induction-neox"  # the zoo's main model: the one a first visit opens on
 MODEL_FOLDER = "model_folder"  # the sidebar's text box when the zoo is empty
 
@@ -75,6 +77,7 @@ class Workspace:
     revision: str
     spec: ProbeSpec
     stamp: str = ""  # changes when the model's files change (part of every cache key)
+    dtype: str = DEFAULT_DTYPE  # the precision models run in (part of every cache key that loads a model)
 
     @property
     def checkpoint(self) -> Checkpoint:

@@ -61,7 +61,7 @@ settings = guarded(lambda: CoactivationSettings(
     n_init=n_init, min_size=min_size, max_size=max_size, drop_constant=bool(drop_constant), n_strata=n_strata,
     n_null=n_null, run_closure=False))
 proposal_args = (ws.model_name, ws.revision, ws.spec_json, ws.stamp, settings)
-report = guarded(lambda: cached_proposal(ws.model_name, ws.revision, ws.spec_json, ws.stamp, settings))
+report = guarded(lambda: cached_proposal(ws.model_name, ws.revision, ws.spec_json, ws.stamp, settings, ws.dtype))
 selection = report.proposal.selection
 best = report.proposal.scores.metric(report.proposal.scores.best_k)
 

@@ -47,7 +47,7 @@ with c1:
 margin = float(c2.number_input("PR-rise margin (PR units above its running minimum)", min_value=0.01, max_value=100.0,
                                value=DEFAULT_MARGIN, step=0.1, key="dyn_margin"))
 guarded(lambda: screen_report(ws, definition))  # fills the HeadStats cache with a progress bar the first time
-traj = guarded(lambda: cached_trajectories(ws.model_name, ws.spec_json, definition, ws.stamp))
+traj = guarded(lambda: cached_trajectories(ws.model_name, ws.spec_json, definition, ws.stamp, ws.dtype))
 n_layers, n_heads = traj.shape
 final = traj.final_circuit
 names = [head_name((l, h)) for l in range(n_layers) for h in range(n_heads)]
@@ -92,10 +92,10 @@ options = sorted(set(same_shape_models((n_layers, n_heads))) | {ws.model_name})
 s1, s2 = st.columns([3, 1])
 models = s1.multiselect("Models (seeds)", options, default=options, key=f"dyn_seed_models-{ws.model_name}")
 seed_controls = int(s2.number_input("Random draws", 1, 200, 20, key="dyn_seed_controls"))
-matrix = stored_cross_seed(tuple(models), ws.spec_json, seed_controls)
+matrix = stored_cross_seed(tuple(models), ws.spec_json, seed_controls, ws.dtype)
 if st.button("Run cross-seed ablation", key="dyn_run_cross_seed", disabled=not models) and matrix is None:
     with st.spinner(f"Ablating {len(models)} circuits in {len(models)} models..."):
-        matrix = guarded(lambda: run_cross_seed(tuple(models), ws.spec_json, seed_controls), stop=False)
+        matrix = guarded(lambda: run_cross_seed(tuple(models), ws.spec_json, seed_controls, ws.dtype), stop=False)
 if matrix is not None:
     show_figure(cross_seed_figure(matrix), "dyn_cross_seed")
     for a, row in enumerate(matrix.reasons):
@@ -118,10 +118,10 @@ else:
                                 index=shift_options.index(default_shift) if default_shift else 0, key="dyn_shift_model")
     if continued_from(shifted_name) != base_name:
         st.caption(f"{shifted_name} does not continue {base_name}: this compares two independent models.")
-    base_traj = guarded(lambda: cached_trajectories(base_name, ws.spec_json, definition, model_stamp(base_name)),
-                        stop=False)
+    base_traj = guarded(lambda: cached_trajectories(base_name, ws.spec_json, definition, model_stamp(base_name),
+                                                    ws.dtype), stop=False)
     shifted_traj = guarded(lambda: cached_trajectories(shifted_name, ws.spec_json, definition,
-                                                       model_stamp(shifted_name)), stop=False)
+                                                       model_stamp(shifted_name), ws.dtype), stop=False)
     if base_traj is not None and shifted_traj is not None:
         shift = guarded(lambda: data_shift_jaccard(base_traj, shifted_traj), stop=False)
         if shift is not None:

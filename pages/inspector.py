@@ -73,7 +73,7 @@ examples = st.multiselect("Probe examples (up to 4; after an ablation, the ones 
 
 if examples:
     full = guarded(lambda: cached_full_pattern(ws.model_name, ws.revision, ws.spec_json, layer, h, tuple(examples),
-                                               ws.stamp), stop=False)  # [example, q, k]
+                                               ws.stamp, ws.dtype), stop=False)  # [example, q, k]
     tabs = st.tabs([f"example {e}" for e in examples])
     for i, (tab, ex) in enumerate(zip(tabs, examples)):
         q = int(batch.query_pos[ex])

@@ -13,6 +13,10 @@ The engine instead records, during the clean forward, the arguments each block r
 mask, rotary position embeddings, ...) and replays blocks k..L-1 itself, then the final norm and
 unembedding at the query positions only. A self-check against the clean logits guards this; when it
 fails the engine falls back to full forwards and says so in its notes.
+
+Precision: a bfloat16/float16 model runs its blocks in that dtype, but the metrics (query_metrics)
+and the means of mean ablation are computed in float32; the self-check's tolerance is a few units
+of the dtype's precision, since a replay may round differently from the full forward.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import torch
 
 from core.ablation.spec import Ablation, ConditionMetrics, query_metrics
 from core.errors import HeadLabError
-from core.model.hooks import hook_name, mlp_hook_name, model_device, model_shape
+from core.model.hooks import hook_name, mlp_hook_name, model_device, model_dtype, model_shape
 from core.stats.inference import METRICS
 
 # ----------------------------------------------------------------------------------------------
@@ -285,6 +289,11 @@ def _run_tail(model: Any, recorder: _Recorder, start: int, resid: torch.Tensor, 
     return logits[:, 0, :]
 
 
+def _replay_tolerance(model: Any) -> float:
+    """Relative tolerance of the prefix-reuse self-check: 1e-4 in float32, 8 units of rounding in half precision."""
+    return max(1e-4, 8 * torch.finfo(model_dtype(model)).eps)
+
+
 def _auto_example_batch(model: Any, n: int, seq_len: int, device: torch.device) -> int:
     """Examples per forward so that logits, attention patterns and activations fit in memory."""
     _, n_heads, _ = model_shape(model)
@@ -397,7 +406,7 @@ def run_conditions(
             resid = rec.inputs[start][:probe] if start < n_layers else rec.final[:probe]
             replay = _run_tail(model, rec, start, resid.clone(), rows, index, 1, query[:probe])
             scale = 1.0 + float(clean_q[:probe].abs().max())
-            if float((replay.float() - clean_q[:probe].float()).abs().max()) > 1e-4 * scale:
+            if float((replay.float() - clean_q[:probe].float()).abs().max()) > _replay_tolerance(model) * scale:
                 use_prefix = False
                 notes.append("prefix reuse did not reproduce the clean logits for this model; every condition ran a full forward instead.")
 

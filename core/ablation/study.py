@@ -18,7 +18,8 @@ from core.ablation.engine import run_conditions
 from core.ablation.spec import MODES, Ablation, ConditionMetrics
 from core.errors import HeadLabError
 from core.heads import HeadSet, head_name
-from core.model.hooks import model_shape
+from core.model.hooks import model_dtype, model_shape
+from core.model.loading import dtype_name
 from core.results import JsonResult
 from core.stats.controls import (CONTROL_KINDS, ControlSets, _check_selection, any_layer_random_controls,
                                  matched_random_controls, upper_bound)
@@ -179,7 +180,7 @@ def ablation_study(
         "seq_len": int(batch.tokens.shape[1]), "controls": s.controls, "control_seed": s.seed,
         "mode": s.mode, "bootstrap": {"n_boot": s.n_boot, "seed": s.boot_seed, "level": 0.95},
         "ablation_site": "blocks.{l}.attn.hook_z (head output before W_O), every position",
-        "torch": torch.__version__,
+        "torch": torch.__version__, "dtype": dtype_name(model_dtype(model)),
     }
     return AblationResult(selection, s.mode, clean, candidate, control_results, sets, upper, stats, verdicts,
                           tuple(notes), provenance)

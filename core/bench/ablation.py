@@ -20,25 +20,29 @@ from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
 from core.ablation.engine import run_conditions
 from core.ablation.spec import Ablation, query_metrics
+from core.cli.probe import add_device_arguments
 from core.heads import HeadSet
 from core.model.hooks import hook_name, model_shape
+from core.model.loading import DEFAULT_DTYPE, check_device, dtype_name, parse_dtype
 from core.stats.controls import matched_random_controls, upper_bound
 from core.stats.inference import METRICS
 
 
-def _bench_model(seed: int):
-    """An 8-layer, 8-head GPT-NeoX (d_model 256) with random weights, booted as a TransformerBridge."""
+def _bench_model(seed: int, device: str = "cpu", dtype: str = DEFAULT_DTYPE):
+    """An 8-layer, 8-head GPT-NeoX (d_model 256) with random weights, booted as a TransformerBridge on `device` in `dtype`."""
     config = GPTNeoXConfig(
         vocab_size=260, hidden_size=256, num_hidden_layers=8, num_attention_heads=8, intermediate_size=1024,
         max_position_embeddings=512, rotary_pct=1.0, use_parallel_residual=True, tie_word_embeddings=False,
         bos_token_id=256, eos_token_id=258, pad_token_id=257,
     )
     config._attn_implementation = "eager"
+    device = check_device(device)
     torch.manual_seed(seed)
-    hf = GPTNeoXForCausalLM(config).eval()
+    hf = GPTNeoXForCausalLM(config).eval()  # initialised in float32 on the CPU: the same weights on every device
     with tempfile.TemporaryDirectory(prefix="headlab-bench-") as folder:
         hf.save_pretrained(folder)
-        model = TransformerBridge.boot_transformers(folder, hf_model=hf, device="cpu")
+        hf = hf.to(device=device, dtype=parse_dtype(dtype))
+        model = TransformerBridge.boot_transformers(folder, hf_model=hf, device=device, dtype=parse_dtype(dtype))
     model.eval()
     return model
 
@@ -51,7 +55,7 @@ class _BenchBatch:
 @torch.no_grad()
 def _naive_conditions(model: Any, batch: Any, conditions: Sequence[Ablation]) -> list[dict[str, np.ndarray]]:
     """The naive way: one full forward per condition (clean first), zeroing hook_z slices."""
-    rows = torch.arange(batch.tokens.shape[0])
+    rows = torch.arange(batch.tokens.shape[0], device=batch.tokens.device)
     out = []
     for ablation in [Ablation()] + list(conditions):
         hooks = []
@@ -66,21 +70,21 @@ def _naive_conditions(model: Any, batch: Any, conditions: Sequence[Ablation]) ->
             hooks.append((hook_name("z", layer), zero))
         logits = model.run_with_hooks(batch.tokens, fwd_hooks=hooks)
         metrics = query_metrics(logits[rows, batch.query_pos], batch.target)
-        out.append({k: v.double().numpy() for k, v in metrics.items()})
+        out.append({k: v.double().cpu().numpy() for k, v in metrics.items()})
     return out
 
 
 def bench_ablation(n_examples: int = 64, seq_len: int = 64, n_controls: int = 20, repeats: int = 3, seed: int = 0,
-                   chunk_size: int | None = None) -> dict:
+                   chunk_size: int | None = None, device: str = "cpu", dtype: str = DEFAULT_DTYPE) -> dict:
     """Time the engine and the naive loop on the same conditions; report medians, ratio and max difference."""
     torch.set_num_threads(2)
-    model = _bench_model(seed)
+    model = _bench_model(seed, device, dtype)
     n_layers, n_heads, _ = model_shape(model)
     gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, 256, (n_examples, seq_len), generator=gen)
     query_pos = torch.full((n_examples,), seq_len - 1, dtype=torch.long)
     target = torch.randint(0, 256, (n_examples,), generator=gen)
-    batch = _BenchBatch(tokens, query_pos, target)
+    batch = _BenchBatch(tokens.to(device), query_pos.to(device), target.to(device))
     selection = HeadSet(((4, 1), (4, 5), (6, 2)))
     sets = matched_random_controls(selection, n_layers, n_heads, n_controls, seed=123)
     conditions = [Ablation(selection, label="candidate")] + [Ablation(s, label=f"control {i}") for i, s in enumerate(sets)]
@@ -111,7 +115,8 @@ def bench_ablation(n_examples: int = 64, seq_len: int = 64, n_controls: int = 20
         "n_controls": len(sets), "selection": str(selection), "lowest_ablated_layer": 4,
         "model": "GPT-NeoX 8 layers x 8 heads, d_model 256, vocab 260, random weights",
         "repeats": repeats, "naive_times_s": naive_times, "engine_times_s": engine_times,
-        "chunk_size": chunk_size or 1, "device": "cpu", "threads": torch.get_num_threads(), "notes": notes,
+        "chunk_size": chunk_size or 1, "device": str(device), "dtype": dtype_name(dtype),
+        "threads": torch.get_num_threads(), "notes": notes,
     }
 
 
@@ -122,10 +127,12 @@ def add_bench_ablation_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats; medians are reported (default 3)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random model and batch")
     parser.add_argument("--chunk-size", type=int, default=None, help="conditions stacked per forward (default 1 on CPU)")
+    add_device_arguments(parser)
 
 
 def cli_bench_ablation(args: argparse.Namespace) -> dict:
-    result = bench_ablation(args.n_examples, args.seq_len, args.controls, args.repeats, args.seed, args.chunk_size)
+    result = bench_ablation(args.n_examples, args.seq_len, args.controls, args.repeats, args.seed, args.chunk_size,
+                            args.device, args.dtype)
     print(
         f"ablation bench (N={result['n_examples']}, T={result['seq_len']}, {result['n_conditions']} conditions incl. clean, "
         f"selection {result['selection']}): naive {result['naive_s']:.3f}s, engine {result['engine_s']:.3f}s, "

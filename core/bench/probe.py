@@ -15,8 +15,9 @@ from typing import Optional
 
 import torch
 
-from core.model.hooks import _bind, hook_name, model_vocab_size
-from core.model.loading import load_model
+from core.cli.probe import add_device_arguments
+from core.model.hooks import _bind, hook_name, model_dtype, model_vocab_size
+from core.model.loading import DEFAULT_DTYPE, dtype_name, load_model
 from core.model.refs import ModelRef
 from core.probe import collect_head_stats, gather_query_rows, pattern_summaries, summary_weights
 from core.tasks import PATTERNS, InductionProbeSpec
@@ -110,6 +111,7 @@ def bench_probe(model, batch, repeats: int = 5, chunk_size: int = 64, device="cp
         "instrumented_s": lambda: collect_head_stats(model, batch, chunk_size, device),
         "three_pass_s": lambda: three_pass(model, batch, chunk_size, device),
     }
+    cuda = torch.device(device).type == "cuda"
     for fn in runs.values():
         fn()
     times: dict[str, list[float]] = {k: [] for k in runs}
@@ -117,6 +119,8 @@ def bench_probe(model, batch, repeats: int = 5, chunk_size: int = 64, device="cp
         for key, fn in runs.items():
             start = time.perf_counter()
             fn()
+            if cuda:  # a bare forward returns before the GPU is done
+                torch.cuda.synchronize(device)
             times[key].append(time.perf_counter() - start)
     med = {k: statistics.median(v) for k, v in times.items()}
     return {
@@ -130,6 +134,8 @@ def bench_probe(model, batch, repeats: int = 5, chunk_size: int = 64, device="cp
         "n_layers": int(model.cfg.n_layers),
         "n_heads": int(model.cfg.n_heads),
         "d_model": int(model.cfg.d_model),
+        "device": str(device),
+        "dtype": dtype_name(model_dtype(model)),
     }
 
 
@@ -143,18 +149,18 @@ def add_bench_probe_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunk-size", type=int, default=64, help="examples per forward (default 64)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (default 1: on shared CPUs more threads make the ratios noisy)")
-    parser.add_argument("--device", default="cpu")
+    add_device_arguments(parser)
 
 
-def load_bench_model(text: str, revision: Optional[str] = None, device: str = "cpu"):
+def load_bench_model(text: str, revision: Optional[str] = None, device: str = "cpu", dtype: str = DEFAULT_DTYPE):
     """A zoo name / local folder / hub name, loaded as HeadLab loads every model."""
-    return load_model(ModelRef.parse(text), revision, device=device)
+    return load_model(ModelRef.parse(text), revision, device=device, dtype=dtype)
 
 
 def cli_bench_probe(args: argparse.Namespace) -> dict:
     """`python -m core bench probe`: print the timing table and return it (the CLI writes --json)."""
     torch.set_num_threads(int(args.threads))
-    model = load_bench_model(args.model, args.revision, args.device)
+    model = load_bench_model(args.model, args.revision, args.device, args.dtype)
     vocab = model_vocab_size(model)
     spec = InductionProbeSpec(n_examples=args.n, seq_len=args.seq_len, token_low=0,
                               token_high=min(256, vocab), seed=42)
@@ -162,8 +168,8 @@ def cli_bench_probe(args: argparse.Namespace) -> dict:
     result = bench_probe(model, batch, repeats=args.repeats, chunk_size=args.chunk_size, device=args.device)
     result["model"] = str(args.model)
     print(f"probe N={result['n_examples']} T={result['seq_len']} chunk={result['chunk_size']} "
-          f"model {args.model} ({result['n_layers']} layers x {result['n_heads']} heads, d_model {result['d_model']}); "
-          f"medians of {result['repeats']}")
+          f"model {args.model} ({result['n_layers']} layers x {result['n_heads']} heads, d_model {result['d_model']}; "
+          f"{result['dtype']} on {result['device']}); medians of {result['repeats']}")
     print(f"  {'bare forward':<28}{result['bare_s']:9.4f} s")
     print(f"  {'instrumented (one pass)':<28}{result['instrumented_s']:9.4f} s   "
           f"{result['overhead_ratio']:.2f}x bare (target <= 1.5x)")

@@ -6,6 +6,7 @@ import argparse
 
 from tqdm import tqdm
 
+from core.cli.probe import add_device_arguments
 from core.errors import HeadLabError
 from core.model.refs import ModelRef
 from core.pipelines.attribution import analyze_ref, attribution_dir, postfix_progress, run_preset
@@ -34,7 +35,7 @@ def add_attribution_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the evaluation examples and gradient batches")
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD, help="rank-difference threshold (default 6)")
     parser.add_argument("--rule", choices=CLASS_RULES, default="paper", help="paper: d >= threshold; reference: d > threshold")
-    parser.add_argument("--device", default="cpu")
+    add_device_arguments(parser)
     parser.add_argument("--force", action="store_true", help="recompute stored per-model results (--zoo-preset)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -49,7 +50,7 @@ def cli_attribution(args: argparse.Namespace) -> dict:
     if args.zoo_preset is not None:
         if args.model is not None:
             raise HeadLabError("give either MODEL or --zoo-preset, not both.")
-        summary, paths = run_preset(args.zoo_preset, settings, args.device, not args.no_progress, args.force)
+        summary, paths = run_preset(args.zoo_preset, settings, args.device, not args.no_progress, args.force, args.dtype)
         print(_summary_line(summary))
         print(f"per-model results in {attribution_dir()}")
         out = summary.to_json()
@@ -59,7 +60,8 @@ def cli_attribution(args: argparse.Namespace) -> dict:
         raise HeadLabError("give a MODEL (zoo name or folder) or --zoo-preset paper.")
     ref = ModelRef.parse(args.model)
     with tqdm(total=None, desc=f"attribution {ref.name[-40:]}", bar_format="{desc}{postfix}", disable=args.no_progress) as bar:
-        result = analyze_ref(ref, settings, args.revision, args.device, None if args.no_progress else postfix_progress(bar, ""))
+        result = analyze_ref(ref, settings, args.revision, args.device, None if args.no_progress else postfix_progress(bar, ""),
+                             args.dtype)
     print(_result_line(result))
     return result.to_json()
 

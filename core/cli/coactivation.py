@@ -99,7 +99,8 @@ def print_summary(report: CoactivationReport) -> None:
 
 def cli_coactivation(args: argparse.Namespace) -> dict:
     report = coactivation(ModelRef.parse(args.model), args.revision, probe_spec_from_args(args),
-                          settings_from_args(args), device=args.device, say=lambda text: print(f"... {text}"))
+                          settings_from_args(args), device=args.device, say=lambda text: print(f"... {text}"),
+                          dtype=args.dtype)
     print_summary(report)
     if args.figures:
         for bundle in coactivation_bundles(report):

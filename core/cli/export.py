@@ -13,6 +13,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from core.ablation.study import AblationSettings, ablation_study
+from core.cli.probe import add_device_arguments
 from core.errors import HeadLabError
 from core.figures.ablation import ablation_bundles
 from core.figures.attribution import attribution_bundles
@@ -57,7 +58,7 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--control-seed", type=int, default=123, help="seed of the control draws (default 123)")
     parser.add_argument("--formats", default=",".join(IMAGE_FORMATS),
                         help="image formats, comma-separated (default png,svg,pdf); CSV and JSON are always written")
-    parser.add_argument("--device", default="cpu")
+    add_device_arguments(parser)
 
 
 def _formats(text: str) -> tuple[str, ...]:
@@ -92,7 +93,7 @@ def cli_export(args: argparse.Namespace) -> dict:
             settings = ScreenSettings(k=k, definition=args.pr,
                                       n_null_draws=500 if args.task == "induction" else 0)  # the null is an induction statistic
             report = screen(ref, spec, settings, device=args.device,
-                            progress=lambda done, total, revision: bar.update(1))
+                            progress=lambda done, total, revision: bar.update(1), dtype=args.dtype)
         finally:
             bar.close()
         index = [c.revision for c in report.checkpoints].index(checkpoint.revision)
@@ -132,9 +133,9 @@ def _export_attribution(ref: ModelRef, args: argparse.Namespace, formats: tuple[
     fresh analysis with default settings), plus the seed-level figures of the stored results of its task."""
     settings = AttributionSettings(task=manifest_task(ref))
     revision = resolve_checkpoint(ref, args.revision).revision
-    result = stored_result(ref.name, settings, revision) if ref.kind == "zoo" else None
+    result = stored_result(ref.name, settings, revision, args.dtype) if ref.kind == "zoo" else None
     if result is None:
-        result = analyze_ref(ref, settings, revision, device=args.device)
+        result = analyze_ref(ref, settings, revision, device=args.device, dtype=args.dtype)
     written: list[Path] = []
     for bundle in attribution_bundles(result, stored_summaries(settings.task)):
         written += export_bundle(bundle, Path(args.out), "", formats)  # names carry the model or the task
@@ -145,13 +146,13 @@ def _export_attribution(ref: ModelRef, args: argparse.Namespace, formats: tuple[
 
 def _checkpoint_screen(ref: ModelRef, checkpoint, spec, args: argparse.Namespace):
     """Step 2 at one (non-final) checkpoint, from the HeadStats cache the screen just filled."""
-    stats = head_stats(ref, checkpoint, spec, device=args.device)
+    stats = head_stats(ref, checkpoint, spec, device=args.device, dtype=args.dtype)
     return screen_checkpoint(stats, n_null_draws=500 if args.task == "induction" else 0)
 
 
 def _run_ablation(args: argparse.Namespace, ref: ModelRef, checkpoint, report, here, spec) -> dict:
     """Group ablation of --heads (default: the screened circuit at the chosen checkpoint, else top-K)."""
-    model = load_model(ref, checkpoint.revision, device=args.device)
+    model = load_model(ref, checkpoint.revision, device=args.device, dtype=args.dtype)
     if args.heads:
         heads = parse_heads(args.heads, int(model.cfg.n_layers), int(model.cfg.n_heads))
     else:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import replace
 
 from core.cli.probe import add_probe_spec_arguments, probe_spec_from_args
 from core.model.refs import ModelRef
-from core.pipelines.proposers import DEFAULT_CONTROLS, proposers_vs_disposer
+from core.pipelines.proposers import DEFAULT_CONTROLS, DISPOSER, proposers_vs_disposer
 
 
 def add_proposers_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,8 +25,10 @@ def add_proposers_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cli_proposers(args: argparse.Namespace) -> dict:
     ref = ModelRef.parse(args.model)
-    report = proposers_vs_disposer(ref, args.revision, probe_spec_from_args(args), args.size, args.controls,
-                                   args.control_kind, args.mode, args.control_seed, args.device, progress=print)
+    disposer = replace(DISPOSER, n_controls=args.controls, controls=args.control_kind, mode=args.mode,
+                       seed=args.control_seed)
+    report = proposers_vs_disposer(ref, args.revision, probe_spec_from_args(args), args.size, disposer, args.device,
+                                   progress=print, dtype=args.dtype)
     for row in report.rows():
         z = {k[2:]: v for k, v in row.items() if k.startswith("z ") and v is not None}
         z_text = "  ".join(f"z_{m}={v:+.2f}" for m, v in z.items() if not math.isnan(v))

@@ -50,7 +50,8 @@ def cli_screen(args: argparse.Namespace) -> dict:
         bar.update(1)
 
     try:
-        report = screen(ref, probe_spec_from_args(args), settings, device=args.device, progress=progress)
+        report = screen(ref, probe_spec_from_args(args), settings, device=args.device, progress=progress,
+                        dtype=args.dtype)
     finally:
         bar.close()
     out = report.to_json()
@@ -105,7 +106,8 @@ def cli_ablate(args: argparse.Namespace) -> dict:
     try:
         settings = AblationSettings(n_controls=args.controls, controls=args.control_kind, mode=args.mode,
                                     seed=args.control_seed)
-        result = ablate(ref, args.revision, selection, probe_spec_from_args(args), settings, args.device, progress)
+        result = ablate(ref, args.revision, selection, probe_spec_from_args(args), settings, args.device, progress,
+                        dtype=args.dtype)
     finally:
         bar.close()
     summary = summarize_ablation(result)
@@ -125,7 +127,7 @@ def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
 def cli_recipe(args: argparse.Namespace) -> dict:
     ref = ModelRef.parse(args.model)
     out = run_recipe(ref, probe_spec_from_args(args), args.controls, args.mode, args.control_seed, args.device,
-                     progress=lambda text: print(f"... {text}"))
+                     progress=lambda text: print(f"... {text}"), dtype=args.dtype)
     screen_out = out["screen"]
     print(f"candidate circuit: {', '.join(screen_out['candidate_circuit']) or 'none'}")
     if "candidate" in out:

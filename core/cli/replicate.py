@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from core.cli.probe import add_device_arguments
 from core.cli.replicate_report import FigureWriter, ReplicationReport, claim_figures, write_report
 from core.pipelines.replicate import ReplicateSettings, run_claim
 from core.pipelines.replicate_claims import PRESETS, TARGETS, claims_of
@@ -62,14 +63,15 @@ def add_replicate_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"PR-rise margin above the running minimum, PR units (default {DEFAULT_MARGIN})")
     parser.add_argument("--formats", default="png,svg", help="figure image formats (default png,svg; '' for none)")
     parser.add_argument("--force", action="store_true", help="measure every claim again instead of reusing stored ones")
-    parser.add_argument("--device", default="cpu")
+    add_device_arguments(parser)
 
 
 def cli_replicate(args: argparse.Namespace) -> dict:
     formats = tuple(f.strip().lower() for f in str(args.formats).split(",") if f.strip())
     settings = ReplicateSettings(preset=args.preset, n_examples=args.n, seq_len=args.seq_len, probe_seed=args.seed,
                                  n_controls=args.controls, closure_controls=args.closure_controls,
-                                 control_seed=args.control_seed, margin=args.margin, device=args.device)
+                                 control_seed=args.control_seed, margin=args.margin, device=args.device,
+                                 dtype=args.dtype)
     report = replicate(args.target, settings, args.out, formats, args.force, say=lambda text: print(f"... {text}"))
     width = max(len(c.id) for c in report.claims)
     for c in report.claims:

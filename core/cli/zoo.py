@@ -1,4 +1,9 @@
-"""`python -m core train` (one model from flags) and `python -m core zoo` (a preset, resumably)."""
+"""`python -m core train` (one model from flags) and `python -m core zoo` (a preset, resumably).
+
+`python -m core zoo --as-hub ORG/NAME [--model ZOO_MODEL]` trains nothing: it writes a trained zoo
+model's checkpoints into the Hugging Face cache ($HF_HOME/hub) as hub model ORG/NAME, with
+branches named like Pythia's (or OLMo's), to run the hub path offline.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +17,11 @@ from core.tasks.sequences import SEQ_VOCAB_SIZE
 from core.tasks.vocab import BYTE_VOCAB_SIZE
 from core.workspace import zoo_dir
 from core.zoo.config import FAMILIES, SEQUENCE_TASKS, TASKS
+from core.zoo.hub_cache import REVISION_STYLES, write_hub_cache
 from core.zoo.presets import ZOO_PRESETS, estimate_zoo, task_recipe, train_zoo, zoo_record
 from core.zoo.train import train_model
+
+HUB_FIXTURE_MODEL = "induction-neox"  # the zoo model --as-hub writes unless --model says otherwise
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,12 +59,22 @@ def add_zoo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--estimate", action="store_true", help="print the time estimate and train nothing")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--json", type=Path, default=None, help="write the records list here")
+    parser.add_argument("--as-hub", default=None, metavar="ORG/NAME",
+                        help="write a trained zoo model into the Hugging Face cache ($HF_HOME/hub) as this hub model; trains nothing")
+    parser.add_argument("--model", default=HUB_FIXTURE_MODEL, help="with --as-hub: the zoo model to write")
+    parser.add_argument("--revision-names", choices=REVISION_STYLES, default="pythia",
+                        help="with --as-hub: branch names step{N} (Pythia) or step{N}-tokens{X}B (OLMo)")
 
 
 def cli_zoo(args: argparse.Namespace) -> dict | list:
     """Train the preset (no-op for trained models) and return one record per model."""
     if getattr(args, "estimate", False):
         return estimate_zoo(args.preset, args.only)
+    if getattr(args, "as_hub", None):
+        record = write_hub_cache(args.model, args.as_hub, style=args.revision_names)
+        print(f"{record['model']} -> hub model {record['repo_id']} in {record['repo_folder']}: "
+              + ", ".join(c["revision"] for c in record["checkpoints"]) + " (main = the last)")
+        return record
     records = train_zoo(args.preset, progress=not args.no_progress, only=args.only)
     for r in records:
         figures = {k: r[k] for k in ("induction_loss", "train_accuracy", "marker_accuracy") if k in r}

@@ -1,4 +1,4 @@
-"""Hook names and the views of a loaded model that HeadLab reads: shape, device, family, W_O, bias.
+"""Hook names and the views of a loaded model that HeadLab reads: shape, device, dtype, family, W_O, bias.
 
 Hook names are made here, never typed out (like TransformerLens's `get_act_name`): a model loaded
 by `core.model.loading.load_model` is a TransformerBridge whose hooks sit at
@@ -76,7 +76,7 @@ def _bind(fn: Callable, layer: int) -> Callable:
     return hook
 
 
-# ----------------------------------------------------------------------------- shape, device, family
+# ----------------------------------------------------------------------------- shape, device, dtype, family
 
 
 def model_shape(model: Any) -> tuple[int, int, int]:
@@ -89,6 +89,14 @@ def model_device(model: Any) -> torch.device:
     for param in model.parameters():
         return param.device
     return torch.device("cpu")
+
+
+def model_dtype(model: Any) -> torch.dtype:
+    """The dtype of the model's first floating-point parameter (float32 for a model without one)."""
+    for param in model.parameters():
+        if param.is_floating_point():
+            return param.dtype
+    return torch.float32
 
 
 def family_of(hf_config: Any) -> str:

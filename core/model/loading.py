@@ -27,18 +27,43 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFa
 
 from core.errors import HeadLabError
 from core.model.hooks import family_of
-from core.model.refs import RETRAIN_HINT, ModelRef, checkpoint_path
+from core.model.refs import RETRAIN_HINT, ModelRef, checkpoint_path, require_cached
 
 try:  # optional: without psutil the free memory is read from /proc/meminfo
     import psutil
 except ImportError:
     psutil = None
 
+# The precisions a model can be loaded in (--dtype). Statistics are accumulated in float32 whatever
+# the model's dtype (core/probe.py, core/ablation/), so only the forward pass runs in half precision.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEFAULT_DTYPE = "float32"
 ACTIVATION_MARGIN_BYTES = 256 * 2**20  # room for one probe chunk's activations
 MEMORY_OVERHEAD = 1.3  # allocator slack, buffers, the bridge's wrappers
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 # Families whose MLP is up -> act -> down (two matrices); all others are assumed gated (three).
 _UNGATED_FAMILIES = {"gpt_neox", "gpt2", "gptj", "gpt_neo", "opt", "bloom", "falcon", "phi"}
+
+
+# ----------------------------------------------------------------------------- precision
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """The torch dtype of a precision name ("float32", "bfloat16", "float16") or of a torch dtype.
+
+    Raises HeadLabError naming the choices for anything else (e.g. "fp16" or torch.float64).
+    """
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    raise HeadLabError(f"unknown dtype {str(dtype)!r}; use one of {', '.join(DTYPES)}.")
+
+
+def dtype_name(dtype: str | torch.dtype) -> str:
+    """The precision's name as cache keys and provenance record it: "float32", "bfloat16" or "float16"."""
+    torch_dtype = parse_dtype(dtype)
+    return next(name for name, value in DTYPES.items() if value == torch_dtype)
 
 
 # ----------------------------------------------------------------------------- memory
@@ -137,6 +162,8 @@ def load_config(ref: ModelRef, revision: str | None = None) -> Any:
             f"{Path(source) / 'config.json'} is missing; delete the checkpoint folder {source} "
             f"and retrain or re-save it (e.g. {RETRAIN_HINT})."
         )
+    if not local:
+        require_cached(ref.name, revision)  # offline: a clear sentence, not transformers' OSError
     try:
         with _offline(local):
             return AutoConfig.from_pretrained(str(source), revision=None if local else revision)
@@ -204,20 +231,25 @@ def _corrupt(path: Path, folder: Path) -> HeadLabError:
     )
 
 
-def load_hf_model(ref: ModelRef, revision: str | None = None, device: str = "cpu") -> Any:
-    """The Hugging Face causal LM at a checkpoint: fp32, eager attention, eval mode, on `device`.
+def load_hf_model(ref: ModelRef, revision: str | None = None, device: str = "cpu",
+                  dtype: str | torch.dtype = DEFAULT_DTYPE) -> Any:
+    """The Hugging Face causal LM at a checkpoint: eager attention, eval mode, on `device` in `dtype`.
 
-    The memory estimate (from the config alone) runs before any weight is read; local weight files
-    are checked for truncation first so the user gets a message naming the file.
+    dtype: "float32" (default), "bfloat16" or "float16" (what the reference probe ran in on GPUs).
+    Half precision also runs on the CPU (torch >= 2.1 has CPU kernels for every op these models
+    use), just without a speed-up there. The memory estimate (from the config alone, at the
+    dtype's size) runs before any weight is read; local weight files are checked for truncation
+    first so the user gets a message naming the file.
     """
-    device = _check_device(device)
+    torch_dtype = parse_dtype(dtype)
+    device = check_device(device)
     config = load_config(ref, revision)
-    check_fits_in_memory(config, device=device)
+    check_fits_in_memory(config, device=device, dtype=torch_dtype)
     source = checkpoint_path(ref, revision)
     local = ref.kind != "hub"
     if local:
         verify_safetensors_folder(Path(source))
-    kwargs: dict[str, Any] = {"attn_implementation": "eager", "dtype": torch.float32}
+    kwargs: dict[str, Any] = {"attn_implementation": "eager", "dtype": torch_dtype}
     if local:
         kwargs["use_safetensors"] = True
     else:
@@ -238,15 +270,17 @@ def load_hf_model(ref: ModelRef, revision: str | None = None, device: str = "cpu
     return model.to(device).eval()
 
 
-def load_model(ref: ModelRef, revision: str | None = None, device: str = "cpu") -> Any:
+def load_model(ref: ModelRef, revision: str | None = None, device: str = "cpu",
+               dtype: str | torch.dtype = DEFAULT_DTYPE) -> Any:
     """A TransformerBridge over the checkpoint's HF model with raw (unprocessed) weights, eval mode.
 
-    Booted as `TransformerBridge.boot_transformers(path, hf_model=hf, device=device,
+    Booted as `TransformerBridge.boot_transformers(path, hf_model=hf, device=device, dtype=dtype,
     tokenizer=..., revision=...)`; the bridge does no weight processing unless
     `enable_compatibility_mode()` is called, which HeadLab never does. A folder without a
     tokenizer gets the 260-token byte tokenizer (HeadLab feeds token ids; it is only for display).
+    dtype: the precision of the weights and the forward pass (see load_hf_model).
     """
-    hf_model = load_hf_model(ref, revision, device)
+    hf_model = load_hf_model(ref, revision, device, dtype)
     source = checkpoint_path(ref, revision)
     local = ref.kind != "hub"
     tokenizer = None
@@ -255,7 +289,7 @@ def load_model(ref: ModelRef, revision: str | None = None, device: str = "cpu") 
     try:
         with _offline(local):
             bridge = TransformerBridge.boot_transformers(
-                str(source), hf_model=hf_model, device=device, tokenizer=tokenizer,
+                str(source), hf_model=hf_model, device=device, dtype=parse_dtype(dtype), tokenizer=tokenizer,
                 revision=None if local else revision,
             )
     except Exception as exc:
@@ -266,7 +300,8 @@ def load_model(ref: ModelRef, revision: str | None = None, device: str = "cpu") 
     return bridge.eval()
 
 
-def _check_device(device: str) -> str:
+def check_device(device: str) -> str:
+    """The device name, or HeadLabError: cuda without a GPU, or a device HeadLab does not run on."""
     device = str(device)
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise HeadLabError(f"device {device!r} was asked for but no CUDA GPU is present; use cpu.")

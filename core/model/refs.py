@@ -3,8 +3,10 @@
 A model is named by a `ModelRef`: a zoo model trained by HeadLab (`$HEADLAB_HOME/zoo/<name>/`), a
 local Hugging Face folder, or a Hugging Face hub name. Each has training checkpoints
 (`Checkpoint`: revision, step, tokens seen), listed by the zoo's manifest.json, or by the hub's
-branch names (Pythia `step{N}`, OLMo `step{N}-tokens{X}B`). Nothing here reads weights;
-loading is core/model/loading.py.
+branch names (Pythia `step{N}`, OLMo `step{N}-tokens{X}B`). Offline (HF_HUB_OFFLINE, the usual
+set-up on a cluster's compute nodes) or without network, a hub model's checkpoints are the
+revisions its local Hugging Face cache holds, read with huggingface_hub's cache scan. Nothing here
+reads weights; loading is core/model/loading.py.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import huggingface_hub
+import huggingface_hub.constants as hub_constants
+from huggingface_hub.errors import CacheNotFound
 
 from core.errors import HeadLabError
 from core.results import JsonResult
@@ -167,25 +171,82 @@ def _manifest_checkpoints(folder: Path) -> list[Checkpoint]:
 
 
 def _hub_checkpoints(name: str) -> list[Checkpoint]:
-    """Checkpoints from the hub's branch names (needs the network)."""
-    try:
-        refs = huggingface_hub.list_repo_refs(name)
-    except Exception as exc:  # offline, unknown repo, gated repo, network error
+    """Checkpoints from the hub's branch names; offline or without network, from the local cache."""
+    if hub_constants.is_offline_mode():
+        problem = "HF_HUB_OFFLINE is set"
+    else:
+        try:
+            return _named_checkpoints(name, [b.name for b in huggingface_hub.list_repo_refs(name).branches])
+        except Exception as exc:  # no network, unknown repo, gated repo: the cache may still hold it
+            problem = type(exc).__name__
+    cached = cached_revisions(name)
+    if not cached:
         raise HeadLabError(
-            f"cannot list the revisions of hub model {name} ({type(exc).__name__}); check the "
-            "name and the network, or use a zoo model or a local folder."
-        ) from None
-    checkpoints = []
-    for branch in refs.branches:
-        parsed = parse_revision(name, branch.name)
-        if parsed is not None:
-            checkpoints.append(Checkpoint(branch.name, parsed[0], parsed[1]))
-    return checkpoints
+            f"cannot list the revisions of hub model {name} ({problem}) and the local Hugging Face "
+            f"cache ({hub_constants.HF_HUB_CACHE}) holds none; check the name and the network, "
+            f"download checkpoints with `hf download {name} --revision REV`, or use a zoo model or a local folder."
+        )
+    return _named_checkpoints(name, list(cached))
+
+
+def _named_checkpoints(name: str, revisions: list[str]) -> list[Checkpoint]:
+    """The revisions whose names carry a step and a token count, as checkpoints."""
+    parsed = {revision: parse_revision(name, revision) for revision in revisions}
+    return [Checkpoint(r, p[0], p[1]) for r, p in parsed.items() if p is not None]
+
+
+def cached_revisions(name: str) -> dict[str, str]:
+    """Revision (branch) -> commit hash of hub model `name` in the local Hugging Face cache.
+
+    Read with huggingface_hub's `scan_cache_dir` over HF_HUB_CACHE ($HF_HOME/hub). Only revisions
+    whose snapshot holds a config.json and a weight file count (a cache filled with config files
+    alone cannot load); detached snapshots (no branch) have no name to read tokens from.
+    """
+    try:
+        info = huggingface_hub.scan_cache_dir(hub_constants.HF_HUB_CACHE)
+    except (CacheNotFound, ValueError):  # no cache folder yet, or a file in its place
+        return {}
+    for repo in info.repos:
+        if repo.repo_type == "model" and repo.repo_id == name:
+            return {ref: revision.commit_hash for ref, revision in sorted(repo.refs.items())
+                    if _loadable({f.file_name for f in revision.files})}
+    return {}
+
+
+def _loadable(file_names: set[str]) -> bool:
+    return "config.json" in file_names and any(n.endswith((".safetensors", ".bin")) for n in file_names)
+
+
+def cached_commit(name: str, revision: str | None) -> str | None:
+    """The commit hash that `revision` of hub model `name` resolves to in the local cache, or None.
+
+    Asks huggingface_hub where the revision's config.json is cached (`try_to_load_from_cache`:
+    refs/<revision> -> snapshots/<commit>/config.json); None when it is not there.
+    """
+    path = huggingface_hub.try_to_load_from_cache(name, "config.json", cache_dir=hub_constants.HF_HUB_CACHE,
+                                                  revision=revision or "main")
+    return Path(path).parent.name if isinstance(path, str) else None
+
+
+def require_cached(name: str, revision: str | None) -> None:
+    """Offline, refuse a hub revision the local cache does not hold, saying how to get it."""
+    if hub_constants.is_offline_mode() and cached_commit(name, revision) is None:
+        raise not_cached_error(name, revision)
+
+
+def not_cached_error(name: str, revision: str | None) -> HeadLabError:
+    rev = revision or "main"
+    return HeadLabError(
+        f"{name} revision {rev} is not in the local cache; download it with `huggingface-cli download "
+        f"{name} --revision {rev}` (or `hf download {name} --revision {rev}`) or drop HF_HUB_OFFLINE "
+        f"(cache: {hub_constants.HF_HUB_CACHE})."
+    )
 
 
 def resolve_checkpoint(ref: ModelRef, revision: str | None = None) -> Checkpoint:
     """The checkpoint named `revision`, or the last one (most tokens) when revision is None."""
     if ref.kind == "hub" and revision is not None:
+        require_cached(ref.name, revision)
         parsed = parse_revision(ref.name, revision)
         try:
             checkpoints = list_checkpoints(ref)
@@ -229,10 +290,13 @@ def weights_fingerprint(model_ref: Any, revision: str | None) -> str | None:
     """A fingerprint of a local/zoo checkpoint's files, so a retrained model misses the cache.
 
     Files up to FULL_HASH_LIMIT in all are hashed in full; larger checkpoints by name, size and
-    mtime. Hub models return None (their revision names the weights).
+    mtime. Hub models: the commit the revision points to in the local cache (a moved branch or a
+    rewritten cache misses), None when it is not cached (the revision names the weights).
     """
-    if not isinstance(model_ref, ModelRef) or model_ref.kind == "hub":
+    if not isinstance(model_ref, ModelRef):
         return None
+    if model_ref.kind == "hub":
+        return cached_commit(model_ref.name, revision)
     folder = Path(checkpoint_path(model_ref, revision))
     files = sorted(p for p in folder.iterdir() if p.is_file() and (p.suffix == ".safetensors" or p.name == "config.json"))
     full = sum(p.stat().st_size for p in files) <= FULL_HASH_LIMIT

@@ -48,7 +48,7 @@ from typing import Any, Sequence
 from tqdm import tqdm
 
 from core.errors import HeadLabError
-from core.model.loading import load_hf_model, load_model
+from core.model.loading import DEFAULT_DTYPE, dtype_name, load_hf_model, load_model
 from core.model.refs import ModelRef, list_zoo, resolve_checkpoint
 from core.pipelines.attribution_measures import (
     AccuracyUnderAblation,
@@ -140,16 +140,17 @@ def manifest_task(ref: Any) -> str | None:
 
 
 def analyze_ref(ref: Any, settings: AttributionSettings, revision: str | None = None, device: str = "cpu",
-                progress: ProgressFn | None = None) -> AttributionResult:
-    """Load a model (plain HF for gradients, a bridge for ablations) and analyse it."""
+                progress: ProgressFn | None = None, dtype: str = DEFAULT_DTYPE) -> AttributionResult:
+    """Load a model (plain HF for gradients, a bridge for ablations) on `device` in `dtype` and analyse it."""
     trained_for = manifest_task(ref)
     check_model_for_task(None, settings.task, trained_for, ref.name)  # before any weight is read
     resolved = revision if ref.kind == "hub" else resolve_checkpoint(ref, revision).revision
-    hf_model = load_hf_model(ref, resolved, device)
+    hf_model = load_hf_model(ref, resolved, device, dtype)
     check_model_for_task(hf_model, settings.task, trained_for, ref.name)
-    bridge = load_model(ref, resolved, device)
+    bridge = load_model(ref, resolved, device, dtype)
     result = analyze_model(hf_model, bridge, settings, ref.name, resolved, trained_for, progress)
-    return replace(result, provenance={**result.provenance, "model_ref": ref.to_json(), "device": device})
+    return replace(result, provenance={**result.provenance, "model_ref": ref.to_json(), "device": device,
+                                       "dtype": dtype_name(dtype)})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -164,23 +165,30 @@ def attribution_dir() -> Path:
     return path
 
 
-def _stored(path: Path, settings: AttributionSettings, revision: str) -> dict | None:
+def _record_dtype(data: dict) -> str:
+    """The dtype a stored record (result or skip) was made in; records older than the dtype: float32."""
+    return str(data.get("dtype") or (data.get("provenance") or {}).get("dtype") or DEFAULT_DTYPE)
+
+
+def _stored(path: Path, settings: AttributionSettings, revision: str, dtype: str = DEFAULT_DTYPE) -> dict | None:
     """A stored per-model record (result or skip) made with the same settings on the same
-    checkpoint, else None."""
+    checkpoint in the same dtype, else None."""
     if not path.is_file():
         return None
     try:
         data = json.loads(path.read_text())
-        same = AttributionSettings.from_json(data["settings"]) == settings and data.get("revision") == revision
+        same = (AttributionSettings.from_json(data["settings"]) == settings and data.get("revision") == revision
+                and _record_dtype(data) == dtype_name(dtype))
         return data if same else None
     except (OSError, ValueError, KeyError, TypeError, HeadLabError):
         return None  # unreadable or from another version: recompute
 
 
-def stored_result(name: str, settings: AttributionSettings, revision: str) -> AttributionResult | None:
-    """The stored result of model `name` at `revision` made with `settings` (a preset run's
-    attribution_dir()/<name>.json), else None."""
-    data = _stored(attribution_dir() / f"{name}.json", settings, revision)
+def stored_result(name: str, settings: AttributionSettings, revision: str,
+                  dtype: str = DEFAULT_DTYPE) -> AttributionResult | None:
+    """The stored result of model `name` at `revision` made with `settings` in `dtype` (a preset
+    run's attribution_dir()/<name>.json), else None."""
+    data = _stored(attribution_dir() / f"{name}.json", settings, revision, dtype)
     return None if data is None else AttributionResult.from_json(data)
 
 
@@ -248,10 +256,10 @@ def _zoo_status(name: str) -> tuple[str | None, str]:
 
 
 def run_preset(preset: str, settings: AttributionSettings, device: str = "cpu", progress: bool = True,
-               force: bool = False) -> tuple[AttributionSummary, dict[str, Path]]:
+               force: bool = False, dtype: str = DEFAULT_DTYPE) -> tuple[AttributionSummary, dict[str, Path]]:
     """Analyse every model of the preset for `settings.task`, resumably: each model's result is
     stored atomically as attribution_dir()/<model>.json (a model skipped by the OOD band as
-    <model>.skipped.json) and reused when its settings match. Returns the summary and the paths."""
+    <model>.skipped.json) and reused when its settings and dtype match. Returns the summary and the paths."""
 
     names = preset_models(preset, settings.task)
     if not names:
@@ -270,19 +278,20 @@ def run_preset(preset: str, settings: AttributionSettings, device: str = "cpu", 
         stage = postfix_progress(bar, name) if progress else None
         revision = status[name][0]
         path, skip_path = folder / f"{name}.json", folder / f"{name}.skipped.json"
-        stored = None if force else _stored(path, settings, revision)
+        stored = None if force else _stored(path, settings, revision, dtype)
         if stored is not None:
             results.append(AttributionResult.from_json(stored))
             paths[name] = path
             continue
-        stored_skip = None if force else _stored(skip_path, settings, revision)
+        stored_skip = None if force else _stored(skip_path, settings, revision, dtype)
         if stored_skip is not None:
             skipped.append((name, stored_skip["reason"]))
             continue
         try:
-            result = analyze_ref(ModelRef(name, "zoo"), settings, revision, device=device, progress=stage)
+            result = analyze_ref(ModelRef(name, "zoo"), settings, revision, device=device, progress=stage, dtype=dtype)
         except NoOODLengthError as exc:
-            atomic_write_json(skip_path, {"model": name, "revision": revision, "reason": str(exc), "settings": settings.to_json()})
+            atomic_write_json(skip_path, {"model": name, "revision": revision, "reason": str(exc), "settings": settings.to_json(),
+                                          "dtype": dtype_name(dtype)})
             skipped.append((name, str(exc)))
             continue
         atomic_write_json(path, result.to_json())

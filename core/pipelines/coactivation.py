@@ -45,7 +45,7 @@ from core.ablation.spec import MODES
 from core.ablation.study import AblationSettings
 from core.errors import HeadLabError
 from core.heads import Head, HeadSet, head_name
-from core.model.loading import load_config, load_model
+from core.model.loading import DEFAULT_DTYPE, load_config, load_model
 from core.model.refs import resolve_checkpoint
 from core.pipelines.closure import (CLOSURE_KINDS, DEFAULT_CONTROL_SEED, DEFAULT_N_CONTROLS, ClosureTest,
                                     closure_test)
@@ -464,13 +464,15 @@ def _report_settings(given: CoactivationSettings, used: CoactivationSettings, he
 
 
 def coactivation(ref: Any, revision: str | None, spec: Any, settings: CoactivationSettings = CoactivationSettings(),
-                 *, device: str = "cpu", model: Any = None, say: Optional[Callable[[str], None]] = None) -> CoactivationReport:
+                 *, device: str = "cpu", model: Any = None, say: Optional[Callable[[str], None]] = None,
+                 dtype: str = DEFAULT_DTYPE) -> CoactivationReport:
     """The co-activation pipeline on checkpoint `revision` (None: the final one) of `ref` with probe `spec`.
 
     settings: unset top_k / ks / min_size / max_size take default_settings for this model's size.
     The PR-integral ranking behind the labelled heads is over every checkpoint of the model (as the
     reference ranks over its whole trajectory); the Step-2 classes are those at `revision`.
-    model: an already loaded model of this checkpoint (else loaded when needed).
+    model: an already loaded model of this checkpoint (else loaded when needed, on `device` in `dtype`;
+    a given model should be in `dtype` too, as the other checkpoints' statistics are measured in it).
     """
     say = say or (lambda text: None)
     started = time.perf_counter()
@@ -481,11 +483,11 @@ def coactivation(ref: Any, revision: str | None, spec: Any, settings: Coactivati
     def loaded():
         nonlocal model
         if model is None:
-            model = load_model(ref, checkpoint.revision, device=device)
+            model = load_model(ref, checkpoint.revision, device=device, dtype=dtype)
         return model
 
     say(f"measuring every head at {checkpoint.revision}")
-    stats = head_stats(ref, checkpoint, batch, model=model, device=device)
+    stats = head_stats(ref, checkpoint, batch, model=model, device=device, dtype=dtype)
     n_layers, n_head = int(stats.attn_max.shape[1]), int(stats.attn_max.shape[2])
     st = settings.resolved(n_layers * n_head)
     router = router_matrix(stats.router_query) if st.route_conditional else None  # dense model: error before any fit
@@ -499,7 +501,7 @@ def coactivation(ref: Any, revision: str | None, spec: Any, settings: Coactivati
                      f"{', '.join(head_name(divmod(int(f), n_head)) for f in constant)}.")
 
     say("screening checkpoints for the PR-integral ranking and the Step-2 classes")
-    report = screen(ref, spec, ScreenSettings(k=st.top_k, n_null_draws=0), device=device)
+    report = screen(ref, spec, ScreenSettings(k=st.top_k, n_null_draws=0), device=device, dtype=dtype)
     if checkpoint.revision == report.checkpoints[-1].revision:
         here = report.final
     else:
@@ -538,7 +540,8 @@ def coactivation(ref: Any, revision: str | None, spec: Any, settings: Coactivati
 
     provenance = {"model": ref.name, "revision": checkpoint.revision, "tokens": checkpoint.tokens,
                   "probe_spec": dict(batch.spec), "n_examples": batch.n_examples, "seconds": time.perf_counter() - started,
-                  "versions": package_versions(), "headstats_code_version": stats.code_version}
+                  "versions": package_versions(), "headstats_code_version": stats.code_version,
+                  "dtype": stats.dtype}
     return CoactivationReport(model=ref.name, revision=checkpoint.revision, tokens=int(checkpoint.tokens),
                               probe_spec=dict(batch.spec), shape=(n_layers, n_head),
                               settings=_report_settings(settings, st, here, report),

@@ -32,7 +32,7 @@ import numpy as np
 from core.ablation.study import AblationSettings, ablation_study
 from core.errors import HeadLabError
 from core.heads import Head, HeadSet, parse_heads
-from core.model.loading import load_config, load_model
+from core.model.loading import DEFAULT_DTYPE, dtype_name, load_config, load_model
 from core.model.refs import list_checkpoints, read_manifest
 from core.pipelines.recipe import scaled_induction_threshold, screen_checkpoint
 from core.probe import check_probe_fits, head_stats
@@ -117,8 +117,9 @@ def _induction_spec(spec: Any) -> None:
 
 
 def training_trajectories(ref: Any, spec: Any, definition: str = "entropy", induction_threshold: Optional[float] = None,
-                          device: str = "cpu", progress: Optional[ProgressFn] = None) -> Trajectories:
-    """PR and membership selectivity of every head at every checkpoint (one cached pass per checkpoint)."""
+                          device: str = "cpu", progress: Optional[ProgressFn] = None,
+                          dtype: str = DEFAULT_DTYPE) -> Trajectories:
+    """PR and membership selectivity of every head at every checkpoint (one cached pass per checkpoint, in `dtype`)."""
     _induction_spec(spec)
     checkpoints = list_checkpoints(ref)
     check_probe_fits(spec, load_config(ref, checkpoints[-1].revision))
@@ -126,7 +127,7 @@ def training_trajectories(ref: Any, spec: Any, definition: str = "entropy", indu
     threshold = scaled_induction_threshold(batch.query_pos) if induction_threshold is None else float(induction_threshold)
     pr, member = [], []
     for i, ckpt in enumerate(checkpoints):
-        stats = head_stats(ref, ckpt, batch, device=device)
+        stats = head_stats(ref, ckpt, batch, device=device, dtype=dtype)
         pr.append(pr_per_head(stats.z_query, definition))  # [layer, head]
         member.append(screen_checkpoint(stats, induction_threshold=threshold, n_null_draws=0).membership)  # [layer, head]
         if progress:
@@ -165,12 +166,13 @@ class CrossSeedMatrix:
                    tuple(tuple(r) for r in data["reasons"]), dict(data.get("settings", {})))
 
 
-def final_circuit(ref: Any, spec: Any, induction_threshold: Optional[float] = None, device: str = "cpu") -> HeadSet:
+def final_circuit(ref: Any, spec: Any, induction_threshold: Optional[float] = None, device: str = "cpu",
+                  dtype: str = DEFAULT_DTYPE) -> HeadSet:
     """The recipe's candidate circuit at the final checkpoint (membership >= threshold)."""
     _induction_spec(spec)
     checkpoint = list_checkpoints(ref)[-1]
     check_probe_fits(spec, load_config(ref, checkpoint.revision))
-    stats = head_stats(ref, checkpoint, spec, device=device)
+    stats = head_stats(ref, checkpoint, spec, device=device, dtype=dtype)
     return screen_checkpoint(stats, induction_threshold=induction_threshold, n_null_draws=0).induction_heads
 
 
@@ -200,14 +202,16 @@ def _stored_cell(path: Optional[Path], settings: dict) -> Optional[dict]:
 
 
 def cross_seed_matrix(models: Sequence[Any], spec: Any, circuits: Optional[dict[str, HeadSet]] = None,
-                      n_controls: int = 20, seed: int = 123, mode: str = "zero", device: str = "cpu",
+                      n_controls: int = 20, seed: int = 123, device: str = "cpu",
                       progress: Optional[ProgressFn] = None, store_dir: Optional[Path] = None,
-                      force: bool = False) -> CrossSeedMatrix:
-    """Ablate every model's circuit in every model, each against matched-random controls in the target.
+                      force: bool = False, dtype: str = DEFAULT_DTYPE) -> CrossSeedMatrix:
+    """Zero-ablate every model's circuit in every model, each against matched-random controls in the target.
 
     models: ModelRefs; circuits: {model name: HeadSet} (default: each model's final circuit).
     store_dir: one JSON per cell, reused when its settings match (unless force), so a long run resumes.
+    device, dtype: where and in which precision the models run (a cell's settings name a dtype other than float32).
     """
+    mode = "zero"  # as the reference [CVC]; a mode parameter would take this signature past ten
     _induction_spec(spec)
     refs = list(models)
     if not refs:
@@ -218,9 +222,11 @@ def cross_seed_matrix(models: Sequence[Any], spec: Any, circuits: Optional[dict[
     circuits = dict(circuits or {})
     for ref in refs:
         if ref.name not in circuits:
-            circuits[ref.name] = final_circuit(ref, spec, device=device)
+            circuits[ref.name] = final_circuit(ref, spec, device=device, dtype=dtype)
     batch = spec.build()
     settings = {"probe_spec": dict(batch.spec), "n_controls": int(n_controls), "control_seed": int(seed), "mode": mode}
+    if dtype_name(dtype) != DEFAULT_DTYPE:  # float32 cells keep the settings they were stored with
+        settings["dtype"] = dtype_name(dtype)
     n = len(refs)
     cells: list[list[Optional[dict]]] = [[None] * n for _ in range(n)]
     reasons = [[""] * n for _ in range(n)]
@@ -240,7 +246,7 @@ def cross_seed_matrix(models: Sequence[Any], spec: Any, circuits: Optional[dict[
                 reasons[a][b] = f"{ref_a.name} has no circuit (no head reaches the membership threshold)."
             else:
                 if model_b is None:
-                    model_b = load_model(ref_b, final_b, device=device)
+                    model_b = load_model(ref_b, final_b, device=device, dtype=dtype)
                 try:
                     circuit.validate(int(model_b.cfg.n_layers), int(model_b.cfg.n_heads))
                     result = ablate_with_controls(model_b, batch, circuit, n_controls, seed, mode, device)
@@ -371,18 +377,21 @@ class FormFunction:
 
 
 def form_vs_function(ref: Any, circuit: HeadSet, spec: Any, trajectories: Optional[Trajectories] = None,
-                     n_controls: int = 5, seed: int = 123, mode: str = "zero", device: str = "cpu",
-                     progress: Optional[ProgressFn] = None, revisions: Optional[Sequence[str]] = None) -> FormFunction:
+                     n_controls: int = 5, seed: int = 123, device: str = "cpu",
+                     progress: Optional[ProgressFn] = None, revisions: Optional[Sequence[str]] = None,
+                     dtype: str = DEFAULT_DTYPE) -> FormFunction:
     """Closure damage of `circuit` against selectivity at every checkpoint [CVC developmental test].
 
-    At each checkpoint the circuit is ablated against n_controls matched-random sets (reference: 5)
-    and judged by the paper closure rule (every delta damaging, z_logit < -1.8); its form score is
+    At each checkpoint the circuit is zero-ablated against n_controls matched-random sets (reference:
+    5) and judged by the paper closure rule (every delta damaging, z_logit < -1.8); its form score is
     the mean membership selectivity of its heads there. revisions: only these checkpoints (default all).
+    device, dtype: where and in which precision the checkpoints run.
     """
+    mode = "zero"  # as the reference [CVC]; a mode parameter would take this signature past ten
     circuit = circuit if isinstance(circuit, HeadSet) else HeadSet(tuple(circuit))
     if len(circuit) == 0:
         raise HeadLabError("the circuit is empty; pick heads (e.g. the final induction circuit) to follow over training.")
-    traj = trajectories or training_trajectories(ref, spec, device=device)
+    traj = trajectories or training_trajectories(ref, spec, device=device, dtype=dtype)
     circuit.validate(*traj.shape)
     batch = spec.build()
     if revisions is None:
@@ -399,7 +408,7 @@ def form_vs_function(ref: Any, circuit: HeadSet, spec: Any, trajectories: Option
     cells = []
     for i, index in enumerate(picked):
         revision = traj.revisions[index]
-        model = load_model(ref, revision, device=device)
+        model = load_model(ref, revision, device=device, dtype=dtype)
         result = ablate_with_controls(model, batch, circuit, n_controls, seed, mode, device, include_upper_bound=False)
         cells.append(cell_summary(result))
         if progress:
@@ -407,5 +416,7 @@ def form_vs_function(ref: Any, circuit: HeadSet, spec: Any, trajectories: Option
     settings = {"probe_spec": dict(batch.spec), "n_controls": int(n_controls), "control_seed": int(seed), "mode": mode,
                 "closure_rule": "paper: every delta damaging and z_target_logit < -1.8",
                 "form": f"mean membership selectivity of the circuit >= {traj.induction_threshold:.3g}x (uniform baseline)"}
+    if dtype_name(dtype) != DEFAULT_DTYPE:
+        settings["dtype"] = dtype_name(dtype)
     return FormFunction(ref.name, circuit, tuple(traj.revisions[i] for i in picked), tuple(traj.tokens[i] for i in picked),
                         tuple(float(s) for s in form_score), tuple(cells), traj.induction_threshold, settings)

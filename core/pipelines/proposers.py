@@ -27,7 +27,7 @@ import torch
 from core.ablation.study import AblationSettings, ablation_study
 from core.errors import HeadLabError
 from core.heads import HeadSet, head_name, parse_heads
-from core.model.loading import load_hf_model, load_model
+from core.model.loading import DEFAULT_DTYPE, dtype_name, load_hf_model, load_model
 from core.model.refs import resolve_checkpoint
 from core.pipelines.attribution_measures import block_norms, component_blocks
 from core.pipelines.attribution_results import component_name
@@ -37,6 +37,9 @@ from core.results import JsonResult
 
 PROPOSERS = ("spectral", "pattern screen", "co-activation", "gradient")
 DEFAULT_CONTROLS = 20
+# The one closure test every proposal gets: any-layer controls (the proposals sit in different layers),
+# no upper bound, a short bootstrap (the verdicts read z and the control range, not the interval).
+DISPOSER = AblationSettings(n_controls=DEFAULT_CONTROLS, controls="any-layer", include_upper_bound=False, n_boot=200)
 DEFAULT_SIZE_WHEN_SCREEN_EMPTY = 4
 
 
@@ -173,10 +176,11 @@ def gradient_proposal(grad: np.ndarray, size: int) -> CircuitProposal:
                            f"top {size} heads by probe-loss gradient norm (W_V + W_O block / sqrt(count), [HHG] default)")
 
 
-def coactivation_proposal(ref: Any, revision: str, spec: Any, device: str = "cpu") -> CircuitProposal:
+def coactivation_proposal(ref: Any, revision: str, spec: Any, device: str = "cpu",
+                          dtype: str = DEFAULT_DTYPE) -> CircuitProposal:
     """The co-activation candidate community, or an empty proposal saying why there is none."""
     try:
-        report = coactivation(ref, revision, spec, CoactivationSettings(run_closure=False), device=device)
+        report = coactivation(ref, revision, spec, CoactivationSettings(run_closure=False), device=device, dtype=dtype)
     except HeadLabError as exc:
         return CircuitProposal("co-activation", HeadSet.of(()), f"no community: {exc}")
     summary = report.summary()
@@ -190,13 +194,10 @@ def coactivation_proposal(ref: Any, revision: str, spec: Any, device: str = "cpu
 # ---------------------------------------------------------------------------------------------
 
 
-def dispose(model: Any, batch: Any, proposal: CircuitProposal, n_controls: int = DEFAULT_CONTROLS,
-            controls: str = "any-layer", mode: str = "zero", seed: int = 123) -> Disposal:
-    """Ablate one proposal against random controls and apply both closure rules."""
+def dispose(model: Any, batch: Any, proposal: CircuitProposal, settings: AblationSettings = DISPOSER) -> Disposal:
+    """Ablate one proposal against random controls (settings: DISPOSER, or a variant) and apply both closure rules."""
     if len(proposal.heads) == 0:
         return Disposal(proposal, {}, "not tested", "not tested", (proposal.rationale,))
-    settings = AblationSettings(n_controls=n_controls, controls=controls, mode=mode, seed=seed,
-                                include_upper_bound=False, n_boot=200)
     result = ablation_study(model, batch, proposal.heads, settings)
     metrics = {m: {k: s.get(k) for k in ("candidate_delta", "control_mean", "control_std", "z")}
                for m, s in result.stats.items()}
@@ -205,14 +206,18 @@ def dispose(model: Any, batch: Any, proposal: CircuitProposal, n_controls: int =
 
 
 def proposers_vs_disposer(ref: Any, revision: Optional[str], spec: Any, size: Optional[int] = None,
-                          n_controls: int = DEFAULT_CONTROLS, controls: str = "any-layer", mode: str = "zero",
-                          seed: int = 123, device: str = "cpu",
-                          progress: Optional[Callable[[str], None]] = None) -> ProposersReport:
-    """Propose with all four methods on one checkpoint and dispose of each with the same closure test."""
+                          disposer: AblationSettings = DISPOSER, device: str = "cpu",
+                          progress: Optional[Callable[[str], None]] = None,
+                          dtype: str = DEFAULT_DTYPE) -> ProposersReport:
+    """Propose with all four methods on one checkpoint and dispose of each with the same closure test.
+
+    disposer: that closure test's settings (DISPOSER, or e.g. `replace(DISPOSER, n_controls=5)`).
+    device, dtype: where and in which precision the models run.
+    """
     say = progress or (lambda text: None)
     checkpoint = resolve_checkpoint(ref, revision)
     say("screening checkpoints (Steps 1-2)")
-    report = screen(ref, spec, device=device)
+    report = screen(ref, spec, device=device, dtype=dtype)
     if report.checkpoints[-1].revision != checkpoint.revision:
         say(f"note: the spectral and screen proposals use the final checkpoint {report.checkpoints[-1].revision}")
     screen_prop = screen_proposal(report)
@@ -220,20 +225,22 @@ def proposers_vs_disposer(ref: Any, revision: Optional[str], spec: Any, size: Op
         size = len(screen_prop.heads) or DEFAULT_SIZE_WHEN_SCREEN_EMPTY
     batch = spec.build()
     say("gradients of the probe loss")
-    hf = load_hf_model(ref, checkpoint.revision, device=device)
+    hf = load_hf_model(ref, checkpoint.revision, device=device, dtype=dtype)
     grad = probe_gradient_magnitudes(hf, batch.tokens, batch.query_pos, batch.target)
     del hf
     say("co-activation community")
     proposals = [spectral_proposal(report, size), screen_prop,
-                 coactivation_proposal(ref, checkpoint.revision, spec, device=device), gradient_proposal(grad, size)]
-    model = load_model(ref, checkpoint.revision, device=device)
+                 coactivation_proposal(ref, checkpoint.revision, spec, device=device, dtype=dtype),
+                 gradient_proposal(grad, size)]
+    model = load_model(ref, checkpoint.revision, device=device, dtype=dtype)
     disposals = []
     for proposal in proposals:
         say(f"closure test of the {proposal.method} proposal")
-        disposals.append(dispose(model, batch, proposal, n_controls, controls, mode, seed))
+        disposals.append(dispose(model, batch, proposal, disposer))
     provenance = {"model": ref.name, "revision": checkpoint.revision, "tokens": checkpoint.tokens,
-                  "probe_spec": dict(batch.spec), "size": int(size), "n_controls": int(n_controls),
-                  "controls": controls, "mode": mode, "control_seed": int(seed),
+                  "probe_spec": dict(batch.spec), "size": int(size), "n_controls": disposer.n_controls,
+                  "controls": disposer.controls, "mode": disposer.mode, "control_seed": disposer.seed,
+                  "dtype": dtype_name(dtype),
                   "closure_rules": "paper (z_logit < -1.8, all deltas damaging) and reference (outside the control range)",
                   "gradient": grad.tolist()}
     return ProposersReport(tuple(disposals), provenance)

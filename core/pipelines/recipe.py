@@ -17,7 +17,7 @@ import numpy as np
 from core.ablation.study import AblationSettings, ablation_study, summarize_ablation
 from core.errors import HeadLabError
 from core.heads import HeadSet, head_name
-from core.model.loading import load_config, load_model
+from core.model.loading import DEFAULT_DTYPE, load_config, load_model
 from core.model.refs import Checkpoint, ModelRef, list_checkpoints, resolve_checkpoint
 from core.probe import HeadStats, check_probe_fits, head_stats
 from core.results import JsonResult
@@ -154,8 +154,11 @@ class ScreenSettings(JsonResult):
 
 
 def screen(ref: ModelRef, spec: ProbeSpec, settings: ScreenSettings = ScreenSettings(), device: str = "cpu",
-           progress: Optional[Callable[[int, int, str], None]] = None) -> ScreenReport:
-    """Steps 1-2 over every checkpoint of `ref`. progress(done, total, revision) after each one."""
+           progress: Optional[Callable[[int, int, str], None]] = None, dtype: str = DEFAULT_DTYPE) -> ScreenReport:
+    """Steps 1-2 over every checkpoint of `ref`. progress(done, total, revision) after each one.
+
+    device, dtype: where and in which precision a checkpoint without cached statistics runs.
+    """
     s = settings
     checkpoints = tuple(list_checkpoints(ref))
     check_probe_fits(spec, load_config(ref, checkpoints[-1].revision))
@@ -166,7 +169,7 @@ def screen(ref: ModelRef, spec: ProbeSpec, settings: ScreenSettings = ScreenSett
     pr, sel_by_ckpt = [], []
     final_screen = None
     for index, ckpt in enumerate(checkpoints):
-        stats = head_stats(ref, ckpt, batch, device=device)
+        stats = head_stats(ref, ckpt, batch, device=device, dtype=dtype)
         pr.append(pr_per_head(stats.z_query, s.definition))
         is_final = index == len(checkpoints) - 1
         result = screen_checkpoint(stats, s.baseline, s.class_threshold, induction_threshold,
@@ -197,24 +200,27 @@ def screen(ref: ModelRef, spec: ProbeSpec, settings: ScreenSettings = ScreenSett
 
 def ablate(ref: ModelRef, revision: Optional[str], selection: HeadSet, spec: ProbeSpec,
            settings: AblationSettings = AblationSettings(), device: str = "cpu",
-           progress: Optional[Callable[[int, int], None]] = None, model: Any = None):
-    """Group ablation of `selection` at one checkpoint against controls and the upper bound."""
+           progress: Optional[Callable[[int, int], None]] = None, model: Any = None, dtype: str = DEFAULT_DTYPE):
+    """Group ablation of `selection` at one checkpoint against controls and the upper bound.
+
+    model: the loaded checkpoint, if the caller has it; else it is loaded on `device` in `dtype`.
+    """
     checkpoint = resolve_checkpoint(ref, revision)
     check_probe_fits(spec, load_config(ref, checkpoint.revision))
-    loaded = model if model is not None else load_model(ref, checkpoint.revision, device=device)
+    loaded = model if model is not None else load_model(ref, checkpoint.revision, device=device, dtype=dtype)
     result = ablation_study(loaded, spec.build(), selection, settings, device=device, progress=progress)
     result.provenance.update({"model": ref.name, "revision": checkpoint.revision, "tokens": checkpoint.tokens})
     return result
 
 
 def run_recipe(ref: ModelRef, spec: ProbeSpec, n_controls: int = 20, mode: str = "zero", seed: int = 123,
-               device: str = "cpu", progress: Optional[Callable[[str], None]] = None) -> dict:
+               device: str = "cpu", progress: Optional[Callable[[str], None]] = None, dtype: str = DEFAULT_DTYPE) -> dict:
     """Screen, take the candidate induction circuit, ablate it against matched-random draws and the
     upper bound; also ablate the previous-token circuit (composition: it feeds the induction heads),
     chosen by the same membership rule as the induction circuit."""
     say = progress or (lambda text: None)
     say("screening checkpoints")
-    report = screen(ref, spec, device=device)
+    report = screen(ref, spec, device=device, dtype=dtype)
     circuit = report.candidate_circuit
     out: dict[str, Any] = {"model": ref.name, "screen": report.to_json()}
     if len(circuit) == 0:
@@ -222,7 +228,7 @@ def run_recipe(ref: ModelRef, spec: ProbeSpec, n_controls: int = 20, mode: str =
                           "rule": f"no head reached {report.final.induction_threshold:g}x induction selectivity"}
         return out
     final = report.checkpoints[-1].revision
-    model = load_model(ref, final, device=device)
+    model = load_model(ref, final, device=device, dtype=dtype)
     say(f"ablating the candidate circuit {circuit}")
     matched = AblationSettings(n_controls=n_controls, controls="matched", mode=mode, seed=seed)
     result = ablate(ref, final, circuit, spec, matched, device, model=model)

@@ -22,6 +22,7 @@ import numpy as np
 
 import core.pipelines.coactivation as coactivation_pipeline
 from core.errors import HeadLabError
+from core.model.loading import DEFAULT_DTYPE, dtype_name
 from core.model.refs import ModelRef, list_checkpoints, read_manifest, weights_fingerprint
 from core.pipelines.attribution import run_preset
 from core.pipelines.attribution_results import AttributionResult, AttributionSettings
@@ -54,7 +55,7 @@ class NotRun(Exception):
 @dataclass(frozen=True)
 class ReplicateSettings:
     """What a replicate run measures with: the preset, the probe (N, T, seed), the control draws, the
-    PR-rise margin and the device. Stored with every measurement, so other settings measure again."""
+    PR-rise margin, the device and the dtype. Stored with every measurement, so other settings measure again."""
 
     preset: str = "quick"
     n_examples: int = 256
@@ -65,8 +66,10 @@ class ReplicateSettings:
     control_seed: int = 123
     margin: float = DEFAULT_MARGIN
     device: str = "cpu"
+    dtype: str = DEFAULT_DTYPE
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", dtype_name(self.dtype))
         if self.preset not in PRESETS:
             raise HeadLabError(f"unknown preset {self.preset!r}; choose quick or paper.")
         if not float(self.margin) > 0:
@@ -76,7 +79,7 @@ class ReplicateSettings:
         """The run context of `target` with these settings, its measurements stored under `out`."""
         spec = probe_spec("induction", self.n_examples, self.seq_len, self.probe_seed)
         return Context(target, self.preset, out, spec, self.n_controls, self.closure_controls, self.control_seed,
-                       self.margin, device=self.device, say=say, force=force)
+                       self.margin, device=self.device, dtype=self.dtype, say=say, force=force)
 
 
 @dataclass
@@ -101,6 +104,7 @@ class Context:
     margin: float = DEFAULT_MARGIN
     definition: str = "entropy"
     device: str = "cpu"
+    dtype: str = DEFAULT_DTYPE
     say: Callable[[str], None] = print
     force: bool = False  # measure again instead of reusing stored cells, models and claims
     memo: dict = field(default_factory=dict)
@@ -110,6 +114,8 @@ class Context:
                "control_seed": self.control_seed, "ablation_mode": "zero", "pr_definition": self.definition,
                "pr_rise_margin": self.margin, "membership_threshold": "50x at T = 256, scaled to the probe length "
                "(uniform baseline)", "device": self.device}
+        if dtype_name(self.dtype) != DEFAULT_DTYPE:  # float32 measurements keep the settings they were stored with
+            out["dtype"] = dtype_name(self.dtype)
         if self.target in ("spectral", "closure"):
             out["excluded_induction_seeds"] = unformed_induction_seeds(self.preset)
         if self.target == "closure":
@@ -128,12 +134,13 @@ class Context:
 
     def trajectories(self, name: str):
         return self.memoised(("trajectories", name), lambda: training_trajectories(
-            self.ref(name), self.spec, self.definition, device=self.device))
+            self.ref(name), self.spec, self.definition, device=self.device, dtype=self.dtype))
 
     def recipe(self, name: str) -> dict:
         def compute() -> dict:
             self.say(f"recipe on {name} ({self.n_controls} matched-random controls)")
-            return run_recipe(self.ref(name), self.spec, self.n_controls, "zero", self.control_seed, self.device)
+            return run_recipe(self.ref(name), self.spec, self.n_controls, "zero", self.control_seed, self.device,
+                              dtype=self.dtype)
 
         return self.memoised(("recipe", name), compute)
 
@@ -142,7 +149,7 @@ class Context:
         def compute():
             self.say(f"attribution on the {self.preset} {task} models")
             summary, paths = run_preset(self.preset, AttributionSettings(task=task), self.device, progress=False,
-                                        force=self.force)
+                                        force=self.force, dtype=self.dtype)
             results = [AttributionResult.from_json(json.loads(Path(p).read_text()))
                        for name, p in paths.items() if name != "summary"]
             return summary, results
@@ -274,7 +281,8 @@ def _run_seed(ctx: Context, names: list[str]) -> Measurement:
     circuits = {n: ctx.trajectories(n).final_circuit for n in names}
     ctx.say(f"cross-seed ablation: {len(names)} x {len(names)} cells, {ctx.n_controls} matched-random controls each")
     matrix = cross_seed_matrix([ctx.ref(n) for n in names], ctx.spec, circuits, ctx.n_controls, ctx.control_seed,
-                               device=ctx.device, store_dir=ctx.out / "measurements" / "cross-seed", force=ctx.force,
+                               device=ctx.device, dtype=ctx.dtype, store_dir=ctx.out / "measurements" / "cross-seed",
+                               force=ctx.force,
                                progress=lambda done, total, what: ctx.say(f"  cell {done}/{total}: {what}"))
     spec = matrix.specificity("loss")
     measured = {"n_models": len(names), **{k: v for k, v in spec.items() if k != "metric"},
@@ -312,7 +320,7 @@ def _run_form_function(ctx: Context, names: list[str]) -> Measurement:
         else:
             ctx.say(f"form vs function on {name}: closure of {circuit} at {len(traj.revisions)} checkpoints")
             ff = form_vs_function(ctx.ref(name), circuit, ctx.spec, traj, ctx.closure_controls, ctx.control_seed,
-                                  device=ctx.device)
+                                  device=ctx.device, dtype=ctx.dtype)
             atomic_write_json(path, {"settings": key, "result": ff.to_json()})
         for label, n in ff.counts().items():
             counts[label] += n
@@ -357,7 +365,7 @@ def _run_dense_closure(ctx: Context, names: list[str]) -> Measurement:
         ctx.say(f"co-activation communities of {name} and the candidate's closure test")
         settings = module.CoactivationSettings(run_closure=True, n_controls=ctx.closure_controls,
                                                control_seed=ctx.control_seed)
-        report = module.coactivation(ctx.ref(name), None, ctx.spec, settings, device=ctx.device)
+        report = module.coactivation(ctx.ref(name), None, ctx.spec, settings, device=ctx.device, dtype=ctx.dtype)
         per.append(_closure_entry(name, report, "all"))
         artifacts[name] = report.summary()
         notes += [f"{name}: {note}" for note in report.notes]
@@ -371,7 +379,7 @@ def _run_moe_closure(ctx: Context, names: list[str]) -> Measurement:
         ctx.say(f"route-conditional co-activation of {name}, its null, and closure on the discovery stratum")
         settings = module.CoactivationSettings(route_conditional=True, run_closure=True,
                                                n_controls=ctx.closure_controls, control_seed=ctx.control_seed)
-        report = module.coactivation(ctx.ref(name), None, ctx.spec, settings, device=ctx.device)
+        report = module.coactivation(ctx.ref(name), None, ctx.spec, settings, device=ctx.device, dtype=ctx.dtype)
         entry = _closure_entry(name, report, "on")
         entry.update(null_z=report.route.null.z_max, max_ari=report.route.statistic.max_ari,
                      null_mean=report.route.null.null_max_mean, null_std=report.route.null.null_max_std,

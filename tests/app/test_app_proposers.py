@@ -4,12 +4,14 @@ an Ising model, so that proposal must be listed as not tested, with the reason, 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from core.heads import HeadSet
 from core.model.refs import ModelRef
-from core.pipelines.proposers import proposers_vs_disposer
+from core.pipelines.proposers import DISPOSER, proposers_vs_disposer
 from core.tasks.specs import probe_spec
 from tests.app.test_app import N, T, chart, errors, make_app, open_page
 
@@ -18,7 +20,8 @@ pytestmark = pytest.mark.zoo
 
 def test_page_runs_all_proposers_and_sends_one_to_the_lab(quick_zoo):
     torch.set_num_threads(1)
-    expected = proposers_vs_disposer(ModelRef.parse("induction-neox"), None, probe_spec("induction", N, T), n_controls=5)
+    expected = proposers_vs_disposer(ModelRef.parse("induction-neox"), None, probe_spec("induction", N, T),
+                                     disposer=replace(DISPOSER, n_controls=5))
     at = open_page(make_app(), "proposers")
     assert not at.exception, at.exception
     at.number_input(key="pvd_controls").set_value(5)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -85,11 +86,12 @@ def test_report_json_round_trip_rows_and_survivors():
 @pytest.mark.zoo
 def test_proposers_on_the_quick_zoo(quick_zoo):
     from core.model.refs import ModelRef
-    from core.pipelines.proposers import proposers_vs_disposer
+    from core.pipelines.proposers import DISPOSER, proposers_vs_disposer
     from core.tasks.specs import probe_spec
 
     torch.set_num_threads(1)
-    report = proposers_vs_disposer(ModelRef.parse("induction-neox"), None, probe_spec("induction"), n_controls=10)
+    report = proposers_vs_disposer(ModelRef.parse("induction-neox"), None, probe_spec("induction"),
+                                   disposer=replace(DISPOSER, n_controls=10))
     methods = [d.proposal.method for d in report.disposals]
     assert methods == ["spectral", "pattern screen", "co-activation", "gradient"]
     screen = report.disposals[1]
