@@ -13,6 +13,7 @@ from core.errors import HeadLabError
 from core.model.loading import DTYPES
 from core.model.refs import ModelRef, list_zoo
 from core.tasks.specs import probe_spec
+from core.threads import apply_thread_policy
 from pages._cache import cached_checkpoints, cached_hub_revisions, model_stamp
 from pages._state import (DEFAULT_MODEL, DTYPE, MODEL, MODEL_FOLDER, N_EXAMPLES, REVISION, SEED, SEQ_LEN, TASK,
                           TOKEN_HIGH, TOKEN_LOW, Workspace, bound, follow_hand_off, init_state, publish_workspace,
@@ -80,6 +81,16 @@ def _choose_probe():
                       int(st.session_state[TOKEN_HIGH]))
 
 
+def apply_threads_once() -> None:
+    """Once per browser session: torch's thread count for the CPU load now (core/threads.py; a 0.1 s sample)."""
+    if "torch_threads" in st.session_state:
+        return
+    try:
+        st.session_state["torch_threads"] = apply_thread_policy().threads
+    except HeadLabError as exc:  # a malformed HEADLAB_THREADS: say what to set, keep the app usable
+        st.error(str(exc))
+
+
 def workspace_sidebar() -> Workspace | None:
     """Draw the sidebar and return the selection, or None (with a message) when there is none."""
     init_state()
@@ -131,5 +142,6 @@ def workspace_sidebar() -> Workspace | None:
 st.set_page_config(page_title="HeadLab", page_icon=":material/hub:", layout="wide")
 navigation = st.navigation(PAGES)
 follow_hand_off()
+apply_threads_once()
 publish_workspace(workspace_sidebar())
 navigation.run()

@@ -14,9 +14,12 @@ from types import ModuleType
 
 from core.bench import ablation as bench_ablation
 from core.bench import ising as bench_ising
+from core.bench import load as bench_load
 from core.bench import probe as bench_probe
+from core.bench import scale as bench_scale
 from core.cli import attribution, coactivation, export, models, probe, proposers, recipe, replicate, zoo
 from core.errors import HeadLabError
+from core.threads import apply_thread_policy
 from core.workspace import atomic_write_json
 
 # command name -> (module, function suffix, one-line help)
@@ -40,6 +43,8 @@ BENCHES: dict[str, tuple[ModuleType, str, str]] = {
     "probe": (bench_probe, "bench_probe", "instrumented pass vs bare forward vs three passes"),
     "ablation": (bench_ablation, "bench_ablation", "ablation engine vs naive per-condition loop"),
     "ising": (bench_ising, "bench_ising", "joint pseudolikelihood fit vs per-spin scikit-learn"),
+    "load": (bench_load, "bench_load", "training steps and a probe pass, alone and beside a competing process"),
+    "scale": (bench_scale, "bench_scale", "Pythia-160m shape, reference batch: instrumented pass, peak memory, ablation engine"),
 }
 
 
@@ -72,6 +77,7 @@ def _wire(cmd: argparse.ArgumentParser, module: ModuleType, suffix: str) -> None
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        apply_thread_policy()  # torch's threads from the CPUs' load now (core/threads.py)
         result = args.run(args)
         if args.json is not None and result is not None:
             atomic_write_json(args.json, result)

@@ -2,7 +2,9 @@
 
 `collect_head_stats(model, batch)` runs the probe batch through a TransformerBridge once, in
 chunks, with hooks that slice each activation at the query position inside the hook, so memory
-holds one chunk's activations plus per-example results. Everything later statistics need comes
+holds one chunk's activations plus per-example results. The chunk size follows the device's free
+memory (`probe_chunk_size`, from core/model/memory.py's estimate) unless the caller fixes it; each
+example's results are independent of the chunking. Everything later statistics need comes
 out of it as a `HeadStats`: the head outputs for the spectral signal (Step 1), the attention row
 and its pattern summaries for the pattern screen (Step 2), the maximum attention for the Ising
 co-activation signal, the router weights for MoE strata, and the clean metrics for ablation.
@@ -29,6 +31,7 @@ from core.errors import HeadLabError
 from core.model.hooks import (_bind, hook_name, model_context_length, model_device, model_dtype, model_family,
                               model_vocab_size, router_logit_hooks)
 from core.model.loading import DEFAULT_DTYPE, dtype_name, load_model
+from core.model.memory import ForwardShape, chunk_size_for, forward_bytes, lean_forward, memory_budget
 from core.model.refs import Checkpoint, ModelRef, weights_fingerprint
 from core.results import package_versions
 from core.stats.selectivity import baseline_positions
@@ -249,10 +252,45 @@ def pattern_summaries(rows: torch.Tensor, weights: torch.Tensor) -> tuple[torch.
     return torch.bmm(rows, weights), rows.amax(dim=-1)
 
 
+def probe_example_bytes(model: Any, seq_len: int, row_dtype: Optional[torch.dtype] = torch.float32) -> tuple[int, int]:
+    """(bytes one example adds to a chunk's forward, bytes its results keep for the whole run).
+
+    The first: the forward (core.model.memory.forward_bytes; only the query row is unembedded when
+    the model has the unembed hook) plus the hooks' float32 copies of one layer's query rows and the
+    example's summary weights. The second: its HeadStats tensors (z_query, attention rows in
+    `row_dtype` or none, pattern summaries, router weights, metrics) and its summary weights, on the CPU.
+    """
+    shape = ForwardShape.of_model(model)
+    n_layers, n_heads, d_head = int(model.cfg.n_layers), int(model.cfg.n_heads), int(model.cfg.d_head)
+    n_summaries = len(PATTERNS) + 1
+    logit_rows = 1 if hook_name("unembed_in") in model.hook_dict else seq_len
+    hooks = 4 * (2 * n_heads * seq_len + seq_len * n_summaries)  # rows [head, key] (+ a copy), weights [key, summary]
+    row_bytes = 0 if row_dtype is None else torch.empty((), dtype=row_dtype).element_size()
+    n_experts = int(getattr(model.cfg, "num_experts", None) or 0)
+    stored = (4 * (n_layers * n_heads * (d_head + len(PATTERNS) + 2) + n_layers * n_experts + 4 + seq_len * n_summaries)
+              + n_layers * n_heads * seq_len * row_bytes)
+    return forward_bytes(shape, seq_len, logit_rows) + hooks, stored
+
+
+def probe_chunk_size(model: Any, n: int, seq_len: int, row_dtype: Optional[torch.dtype] = torch.float32,
+                     device: str | torch.device | None = None, available_bytes: Optional[int] = None) -> int:
+    """Examples per chunk of the instrumented pass that fit in the device's memory (a power of two in [1, n]).
+
+    Reserved for the whole run when the pass runs on the CPU (where the outputs live): the results
+    of all n examples (probe_example_bytes). row_dtype: the stored attention rows' dtype
+    (attn_row_dtype), None when they are not kept. Raises HeadLabError, saying what to change,
+    when not even one example fits.
+    """
+    device = torch.device(model_device(model) if device is None else device)
+    per_example, stored = probe_example_bytes(model, seq_len, row_dtype)
+    reserved = n * stored if device.type == "cpu" else 0
+    return chunk_size_for(per_example, n, memory_budget(device, available_bytes), "the instrumented pass", reserved)
+
+
 def collect_head_stats(
     model,
     batch: ProbeBatch,
-    chunk_size: int = 64,
+    chunk_size: Optional[int] = None,
     device: str | torch.device | None = None,
     progress: Optional[Callable[[int], Any]] = None,
     provenance: Optional[dict] = None,
@@ -260,19 +298,21 @@ def collect_head_stats(
 ) -> HeadStats:
     """Run `batch` through `model` once (in chunks of `chunk_size` examples) and measure every head.
 
+    chunk_size: examples per forward; None follows the free memory (probe_chunk_size).
     device: where the inputs go (default: the model's device).
     progress: called with the number of examples finished after each chunk (e.g. tqdm's update).
     provenance: model, revision, tokens (and optionally family) to record in the result.
     keep_attn_rows: None decides by size (see attn_row_dtype); True/False forces it.
     """
-    if int(chunk_size) < 1:
-        raise HeadLabError("chunk_size must be at least 1; pass a positive number of examples per chunk.")
+    if chunk_size is not None and int(chunk_size) < 1:
+        raise HeadLabError("chunk_size must be at least 1; pass a positive number of examples per chunk, or None to follow memory.")
     check_probe_fits(batch, model)
     device = model_device(model) if device is None else device
     n, seq_len = batch.n_examples, batch.seq_len
     n_layers, n_heads, d_head = int(model.cfg.n_layers), int(model.cfg.n_heads), int(model.cfg.d_head)
     routers = router_logit_hooks(model)  # {layer: hook name of router logits [batch*pos, expert]}
     row_dtype = attn_row_dtype(n, n_layers, n_heads, seq_len, keep_attn_rows)
+    chunk_size = int(chunk_size) if chunk_size is not None else probe_chunk_size(model, n, seq_len, row_dtype, device)
 
     # Per-example constants, built once on CPU then sliced per chunk.
     weights = summary_weights(batch)  # [example, key, pattern + baseline]
@@ -325,9 +365,9 @@ def collect_head_stats(
         fwd_hooks.append((name, _bind(router_hook, layer)))
     if hook_name("unembed_in") in model.hook_dict:  # unembed only the query rows; else slice the logits below
         fwd_hooks.append((hook_name("unembed_in"), unembed_hook))
-    with torch.inference_mode(), model.hooks(fwd_hooks=fwd_hooks):
-        for start in range(0, n, int(chunk_size)):
-            sl = slice(start, min(n, start + int(chunk_size)))
+    with torch.inference_mode(), lean_forward(model), model.hooks(fwd_hooks=fwd_hooks):
+        for start in range(0, n, chunk_size):
+            sl = slice(start, min(n, start + chunk_size))
             q = batch.query_pos[sl].to(device)
             state.update(sl=sl, q=q, b=sl.stop - sl.start, weights=weights[sl].to(device))
             logits = model(batch.tokens[sl].to(device))  # [batch, 1, vocab] thanks to unembed_hook
@@ -372,7 +412,7 @@ def head_stats_key(ref: ModelRef | str, revision: Optional[str], probe_spec: dic
 
 
 def head_stats(ref: ModelRef, checkpoint: Checkpoint, probe: ProbeSpec | ProbeBatch, model: Any = None,
-               device: str | torch.device = "cpu", chunk_size: int = 64,
+               device: str | torch.device = "cpu", chunk_size: Optional[int] = None,
                progress: Optional[Callable[[int], Any]] = None,
                on_status: Optional[Callable[[str], None]] = None,
                dtype: str | torch.dtype = DEFAULT_DTYPE) -> HeadStats:
@@ -381,6 +421,7 @@ def head_stats(ref: ModelRef, checkpoint: Checkpoint, probe: ProbeSpec | ProbeBa
     probe: a spec, or the batch already built from one (a loop over checkpoints builds it once).
     model: the loaded checkpoint, if the caller has it; else it is loaded (on `device`, in `dtype`)
     only on a cache miss. A given model's own dtype is the one the key records.
+    chunk_size: examples per forward, None to follow memory; not part of the key (results do not depend on it).
     progress: called with examples done, during a pass; on_status: called with "cached" or "computed".
     """
     batch = probe if isinstance(probe, ProbeBatch) else probe.build()

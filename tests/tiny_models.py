@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 TINY_VOCAB = 260  # 256 bytes + BOS, PAD, EOS, SEP (core/tasks/vocab.py layout)
-FAMILIES = ("gpt_neox", "gpt_neox_norotary", "llama", "olmoe", "hhg")
+FAMILIES = ("gpt_neox", "gpt_neox_norotary", "llama", "llama_gqa", "olmoe", "hhg")
 
 
 def tiny_config(family: str):
@@ -37,6 +37,12 @@ def tiny_config(family: str):
     if family == "llama":
         return LlamaConfig(
             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, hidden_size=32,
+            intermediate_size=64, max_position_embeddings=64, tie_word_embeddings=False, **common,
+        )
+    if family == "llama_gqa":
+        # grouped-query attention: 8 query heads of size 8 share 2 key/value heads (4 per group)
+        return LlamaConfig(
+            num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, hidden_size=64,
             intermediate_size=64, max_position_embeddings=64, tie_word_embeddings=False, **common,
         )
     if family == "olmoe":

@@ -3,9 +3,11 @@
 Step 3 of the recipe [SPC] and the closure test [CVC] (METHODS.md, "Step 3 and closure") both knock
 out a set of heads and measure what breaks at the query position. `run_conditions` computes the
 clean run once and then every condition from the clean residual stream entering the condition's
-lowest ablated layer (prefix reuse), several conditions stacked in one batch when memory allows;
-`ablated_logits_fn` serves sequence tasks (greedy exact match under an ablation). What to ablate
-and what is measured are in spec.py; studies over conditions (controls, statistics) in study.py.
+lowest ablated layer (prefix reuse), several conditions stacked in one batch on a GPU when memory
+allows (examples per batch and conditions per stack follow core/model/memory.py's estimate of the
+free memory; every forward runs under its lean_forward); `ablated_logits_fn` serves sequence
+tasks (greedy exact match under an ablation). What to ablate and what is measured are in spec.py;
+studies over conditions (controls, statistics) in study.py.
 
 Why prefix reuse is hand-made: TransformerBridge's `forward(..., start_at_layer=k)` gives the right
 logits but still executes blocks 0..k-1 internally (their output is discarded), so it saves no time.
@@ -28,6 +30,7 @@ import torch
 from core.ablation.spec import Ablation, ConditionMetrics, query_metrics
 from core.errors import HeadLabError
 from core.model.hooks import hook_name, mlp_hook_name, model_device, model_dtype, model_shape
+from core.model.memory import ForwardShape, chunk_size_for, forward_bytes, lean_forward, memory_budget
 from core.stats.inference import METRICS
 
 # ----------------------------------------------------------------------------------------------
@@ -106,7 +109,8 @@ def compute_means(model: Any, tokens: torch.Tensor, ablation: Ablation | Iterabl
     """Per-position means over the examples of every activation a mean ablation replaces.
 
     tokens: [example, pos]. Returns {hook name: [pos, head, d_head] or [pos, d_model]} (float32).
-    For sequence tasks pass the evaluation set.
+    For sequence tasks pass the evaluation set. batch_size: examples per forward (default: as many
+    as fit in the free memory).
     """
     ablations = [ablation] if isinstance(ablation, Ablation) else list(ablation)
     names = sorted({name for a in ablations for name in _mean_hook_names(model, [Ablation(a.heads, a.mlp_layers, "mean")])})
@@ -118,10 +122,11 @@ def compute_means(model: Any, tokens: torch.Tensor, ablation: Ablation | Iterabl
         sums[hook.name] = total if hook.name not in sums else sums[hook.name] + total
         return act
 
-    size = int(batch_size or tokens.shape[0])
-    for start in range(0, tokens.shape[0], size):
-        chunk = tokens[start : start + size].to(device)
-        model.run_with_hooks(chunk, fwd_hooks=[(name, _renamed(accumulate, name)) for name in names])
+    size = int(batch_size or _auto_example_batch(model, int(tokens.shape[0]), int(tokens.shape[1]), 0, device))
+    with lean_forward(model):
+        for start in range(0, tokens.shape[0], size):
+            chunk = tokens[start : start + size].to(device)
+            model.run_with_hooks(chunk, fwd_hooks=[(name, _renamed(accumulate, name)) for name in names])
     return {name: sums[name] / tokens.shape[0] for name in names}
 
 
@@ -294,32 +299,33 @@ def _replay_tolerance(model: Any) -> float:
     return max(1e-4, 8 * torch.finfo(model_dtype(model)).eps)
 
 
-def _auto_example_batch(model: Any, n: int, seq_len: int, device: torch.device) -> int:
-    """Examples per forward so that logits, attention patterns and activations fit in memory."""
-    _, n_heads, _ = model_shape(model)
-    vocab = int(getattr(model.cfg, "d_vocab", 50_000) or 50_000)
-    d_model = int(model.cfg.d_model)
-    per_example = seq_len * (vocab + 3 * n_heads * seq_len + 16 * d_model) * 4
-    budget = _memory_budget(device)
-    return int(max(1, min(n, budget // max(per_example, 1))))
+def _example_bytes(model: Any, seq_len: int, n_kept: int) -> int:
+    """Bytes one example adds to an example batch (core.model.memory.forward_bytes): the clean forward
+    with its full logits [pos, vocab], the residuals kept for prefix reuse (n_kept x [pos, d_model]),
+    and a condition's forward (query logits only). The last is counted on top because glibc does not
+    always hand what the clean forward freed to the condition forwards that follow (measured on CPU:
+    up to 1.6x the clean forward's own peak)."""
+    shape = ForwardShape.of_model(model)
+    clean = forward_bytes(shape, seq_len, logit_rows=seq_len)
+    return clean + n_kept * seq_len * shape.d_model * shape.element_size + forward_bytes(shape, seq_len, logit_rows=1)
 
 
-def _memory_budget(device: torch.device) -> int:
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free * 0.4)
-    return 1 << 30
+def _auto_example_batch(model: Any, n: int, seq_len: int, n_kept: int, device: torch.device) -> int:
+    """Examples per clean forward that fit in the device's free memory (a power of two in [1, n])."""
+    per_example = _example_bytes(model, seq_len, n_kept)
+    return chunk_size_for(per_example, n, memory_budget(device), "the ablation engine's clean forward")
 
 
-def _auto_chunk(model: Any, rows: int, seq_len: int, n_conditions: int, device: torch.device) -> int:
-    """Conditions stacked per forward: 1 on the CPU (a loop), as many as memory allows on a GPU."""
+def _auto_chunk(model: Any, rows: int, seq_len: int, n_conditions: int, full_logits: bool, device: torch.device) -> int:
+    """Conditions stacked per forward: 1 on the CPU (a loop is not slower there), as many as memory allows on a GPU.
+
+    Asked after the clean forward, so the free memory already excludes the residuals it keeps.
+    full_logits: whether a condition runs a full forward (no prefix reuse) and unembeds every position.
+    """
     if device.type != "cuda":
         return 1
-    n_layers, n_heads, _ = model_shape(model)
-    d_model = int(model.cfg.d_model)
-    vocab = int(getattr(model.cfg, "d_vocab", 50_000) or 50_000)
-    per_condition = rows * seq_len * (3 * n_heads * seq_len + 16 * d_model) * 4 + rows * vocab * 4
-    return int(max(1, min(n_conditions, _memory_budget(device) // max(per_condition, 1))))
+    per_condition = rows * forward_bytes(ForwardShape.of_model(model), seq_len, seq_len if full_logits else 1)
+    return chunk_size_for(per_condition, n_conditions, memory_budget(device), "stacked ablation conditions")
 
 
 @torch.no_grad()
@@ -340,6 +346,7 @@ def run_conditions(
     batch: has tokens [example, pos], query_pos [example], target [example] (a ProbeBatch).
     Returns (clean, [one ConditionMetrics per condition, in order]).
     chunk_size: conditions stacked into one forward (default: 1 on the CPU, memory-sized on CUDA).
+    example_batch_size: examples per forward (default: as many as fit in the free memory).
     strategy: "auto" (prefix reuse, self-checked; falls back to full forwards), "prefix", or "full".
     progress(done, total) is called as condition evaluations finish; cancel() -> True stops the run
     (AblationCancelled). Explanations of what was done go to `notes` when a list is given.
@@ -358,14 +365,6 @@ def run_conditions(
     query_all = batch.query_pos.to(device)
     target_all = batch.target.to(device)
     n, seq_len = int(tokens_all.shape[0]), int(tokens_all.shape[1])
-    ex_size = int(example_batch_size or _auto_example_batch(model, n, seq_len, device))
-    if ex_size < 1:
-        raise HeadLabError("example_batch_size must be at least 1.")
-    example_chunks = [(s, min(s + ex_size, n)) for s in range(0, n, ex_size)]
-
-    means = None
-    if any(a.mode == "mean" for a in conditions):
-        means = compute_means(model, tokens_all, [a for a in conditions if a.mode == "mean"], batch_size=ex_size)
 
     # condition order: grouped by (start layer, mode) so one stacked forward shares both
     order = sorted(range(len(conditions)), key=lambda i: (conditions[i].start_layer(n_layers), conditions[i].mode, i))
@@ -373,6 +372,11 @@ def run_conditions(
     for i in order:
         groups.setdefault((conditions[i].start_layer(n_layers), conditions[i].mode), []).append(i)
     first_start = min([key[0] for key in groups] or [n_layers])
+    n_kept = 1 + (len({start for start, _ in groups if start < n_layers}) if strategy != "full" else 0)
+    ex_size = int(example_batch_size or _auto_example_batch(model, n, seq_len, n_kept, device))
+    if ex_size < 1:
+        raise HeadLabError("example_batch_size must be at least 1.")
+    example_chunks = [(s, min(s + ex_size, n)) for s in range(0, n, ex_size)]
 
     total = len(example_chunks) * (1 + len(conditions))
     done = 0
@@ -384,56 +388,61 @@ def run_conditions(
         if cancel is not None and cancel():
             raise AblationCancelled("the ablation run was cancelled; start it again to get results.")
 
-    for c_index, (lo, hi) in enumerate(example_chunks):
-        check_cancel()
-        tokens = tokens_all[lo:hi].to(device)
-        query, target = query_all[lo:hi], target_all[lo:hi]
-        rows = hi - lo
-        with _Recorder(model, first_start if use_prefix else n_layers, [key[0] for key in groups]) as rec:
-            logits = model(tokens)  # [row, pos, vocab]
-        clean_q = logits[torch.arange(rows, device=device), query]  # [row, vocab]
-        del logits
-        clean_parts.append(query_metrics(clean_q, target))
-        done += 1
-        if progress is not None:
-            progress(done, total)
+    with lean_forward(model):  # one layer's activations alive at a time: what the example batch assumes
+        means = None
+        if any(a.mode == "mean" for a in conditions):
+            means = compute_means(model, tokens_all, [a for a in conditions if a.mode == "mean"], batch_size=ex_size)
 
-        if use_prefix and c_index == 0 and strategy == "auto" and conditions:
-            # Self-check: replaying the recorded blocks must give the clean logits back.
-            probe = min(rows, 8)
-            index = torch.arange(probe, device=device)
-            start = first_start
-            resid = rec.inputs[start][:probe] if start < n_layers else rec.final[:probe]
-            replay = _run_tail(model, rec, start, resid.clone(), rows, index, 1, query[:probe])
-            scale = 1.0 + float(clean_q[:probe].abs().max())
-            if float((replay.float() - clean_q[:probe].float()).abs().max()) > _replay_tolerance(model) * scale:
-                use_prefix = False
-                notes.append("prefix reuse did not reproduce the clean logits for this model; every condition ran a full forward instead.")
+        for c_index, (lo, hi) in enumerate(example_chunks):
+            check_cancel()
+            tokens = tokens_all[lo:hi].to(device)
+            query, target = query_all[lo:hi], target_all[lo:hi]
+            rows = hi - lo
+            with _Recorder(model, first_start if use_prefix else n_layers, [key[0] for key in groups]) as rec:
+                logits = model(tokens)  # [row, pos, vocab]
+            clean_q = logits[torch.arange(rows, device=device), query]  # [row, vocab]
+            del logits
+            clean_parts.append(query_metrics(clean_q, target))
+            done += 1
+            if progress is not None:
+                progress(done, total)
 
-        for (start, mode), members in groups.items():
-            size = int(chunk_size or _auto_chunk(model, rows, seq_len, len(members), device))
-            for k in range(0, len(members), size):
-                check_cancel()
-                chunk = [conditions[i] for i in members[k : k + size]]
-                reps = len(chunk)
-                hooks = _ablation_hooks(model, chunk, rows, means, device) if not all(a.is_empty for a in chunk) else []
-                query_rep = query.repeat(reps)
-                if use_prefix:
-                    resid = rec.inputs[start] if start < n_layers else rec.final
-                    resid = resid.repeat(reps, 1, 1)  # [cond*row, pos, d_model]
-                    with model.hooks(fwd_hooks=hooks):
-                        out_q = _run_tail(model, rec, start, resid, rows, None, reps, query_rep)
-                else:
-                    out = model.run_with_hooks(tokens.repeat(reps, 1), fwd_hooks=hooks)
-                    out_q = out[torch.arange(rows * reps, device=device), query_rep]
-                    del out
-                metrics = query_metrics(out_q, target.repeat(reps))
-                for j, i in enumerate(members[k : k + size]):
-                    cond_parts[i].append({name: value[j * rows : (j + 1) * rows] for name, value in metrics.items()})
-                done += reps
-                if progress is not None:
-                    progress(done, total)
-        del rec
+            if use_prefix and c_index == 0 and strategy == "auto" and conditions:
+                # Self-check: replaying the recorded blocks must give the clean logits back.
+                probe = min(rows, 8)
+                index = torch.arange(probe, device=device)
+                start = first_start
+                resid = rec.inputs[start][:probe] if start < n_layers else rec.final[:probe]
+                replay = _run_tail(model, rec, start, resid.clone(), rows, index, 1, query[:probe])
+                scale = 1.0 + float(clean_q[:probe].abs().max())
+                if float((replay.float() - clean_q[:probe].float()).abs().max()) > _replay_tolerance(model) * scale:
+                    use_prefix = False
+                    notes.append("prefix reuse did not reproduce the clean logits for this model; every condition ran a full forward instead.")
+
+            for (start, mode), members in groups.items():
+                size = int(chunk_size or _auto_chunk(model, rows, seq_len, len(members), not use_prefix, device))
+                for k in range(0, len(members), size):
+                    check_cancel()
+                    chunk = [conditions[i] for i in members[k : k + size]]
+                    reps = len(chunk)
+                    hooks = _ablation_hooks(model, chunk, rows, means, device) if not all(a.is_empty for a in chunk) else []
+                    query_rep = query.repeat(reps)
+                    if use_prefix:
+                        resid = rec.inputs[start] if start < n_layers else rec.final
+                        resid = resid.repeat(reps, 1, 1)  # [cond*row, pos, d_model]
+                        with model.hooks(fwd_hooks=hooks):
+                            out_q = _run_tail(model, rec, start, resid, rows, None, reps, query_rep)
+                    else:
+                        out = model.run_with_hooks(tokens.repeat(reps, 1), fwd_hooks=hooks)
+                        out_q = out[torch.arange(rows * reps, device=device), query_rep]
+                        del out
+                    metrics = query_metrics(out_q, target.repeat(reps))
+                    for j, i in enumerate(members[k : k + size]):
+                        cond_parts[i].append({name: value[j * rows : (j + 1) * rows] for name, value in metrics.items()})
+                    done += reps
+                    if progress is not None:
+                        progress(done, total)
+            del rec
 
     if use_prefix and conditions:
         notes.append(

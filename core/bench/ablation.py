@@ -16,7 +16,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 from transformer_lens.model_bridge import TransformerBridge
-from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+from transformers import AutoModelForCausalLM, GPTNeoXConfig
+from transformers.utils import logging as hf_logging
 
 from core.ablation.engine import run_conditions
 from core.ablation.spec import Ablation, query_metrics
@@ -28,17 +29,23 @@ from core.stats.controls import matched_random_controls, upper_bound
 from core.stats.inference import METRICS
 
 
-def _bench_model(seed: int, device: str = "cpu", dtype: str = DEFAULT_DTYPE):
-    """An 8-layer, 8-head GPT-NeoX (d_model 256) with random weights, booted as a TransformerBridge on `device` in `dtype`."""
-    config = GPTNeoXConfig(
+def _bench_config() -> GPTNeoXConfig:
+    """An 8-layer, 8-head GPT-NeoX (d_model 256) over the byte vocabulary."""
+    return GPTNeoXConfig(
         vocab_size=260, hidden_size=256, num_hidden_layers=8, num_attention_heads=8, intermediate_size=1024,
         max_position_embeddings=512, rotary_pct=1.0, use_parallel_residual=True, tie_word_embeddings=False,
         bos_token_id=256, eos_token_id=258, pad_token_id=257,
     )
+
+
+def random_bridge(config, seed: int, device: str = "cpu", dtype: str = DEFAULT_DTYPE):
+    """A model of Hugging Face `config` with random weights (seeded), booted as a TransformerBridge on `device` in `dtype`."""
     config._attn_implementation = "eager"
     device = check_device(device)
     torch.manual_seed(seed)
-    hf = GPTNeoXForCausalLM(config).eval()  # initialised in float32 on the CPU: the same weights on every device
+    hf = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    # initialised in float32 on the CPU: the same weights on every device
+    hf_logging.disable_progress_bar()  # no "Writing model shards" bar in a benchmark's output
     with tempfile.TemporaryDirectory(prefix="headlab-bench-") as folder:
         hf.save_pretrained(folder)
         hf = hf.to(device=device, dtype=parse_dtype(dtype))
@@ -74,21 +81,9 @@ def _naive_conditions(model: Any, batch: Any, conditions: Sequence[Ablation]) ->
     return out
 
 
-def bench_ablation(n_examples: int = 64, seq_len: int = 64, n_controls: int = 20, repeats: int = 3, seed: int = 0,
-                   chunk_size: int | None = None, device: str = "cpu", dtype: str = DEFAULT_DTYPE) -> dict:
-    """Time the engine and the naive loop on the same conditions; report medians, ratio and max difference."""
-    torch.set_num_threads(2)
-    model = _bench_model(seed, device, dtype)
-    n_layers, n_heads, _ = model_shape(model)
-    gen = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, 256, (n_examples, seq_len), generator=gen)
-    query_pos = torch.full((n_examples,), seq_len - 1, dtype=torch.long)
-    target = torch.randint(0, 256, (n_examples,), generator=gen)
-    batch = _BenchBatch(tokens.to(device), query_pos.to(device), target.to(device))
-    selection = HeadSet(((4, 1), (4, 5), (6, 2)))
-    sets = matched_random_controls(selection, n_layers, n_heads, n_controls, seed=123)
-    conditions = [Ablation(selection, label="candidate")] + [Ablation(s, label=f"control {i}") for i, s in enumerate(sets)]
-    conditions.append(Ablation(upper_bound(selection, n_heads), label="upper bound"))
+def time_conditions(model: Any, batch: Any, conditions: Sequence[Ablation], repeats: int = 3,
+                    chunk_size: int | None = None) -> dict:
+    """Time the engine and the naive loop on the same conditions, alternating; medians, ratio, max difference."""
     naive_times, engine_times = [], []
     naive_cpu, engine_cpu = [], []  # process CPU time: robust when other processes share the cores
     max_diff = 0.0
@@ -111,12 +106,36 @@ def bench_ablation(n_examples: int = 64, seq_len: int = 64, n_controls: int = 20
         "speedup_per_repeat": [n / e for n, e in zip(naive_times, engine_times)],
         "naive_cpu_s": statistics.median(naive_cpu), "engine_cpu_s": statistics.median(engine_cpu),
         "speedup_cpu": statistics.median(naive_cpu) / statistics.median(engine_cpu),
-        "n_examples": n_examples, "seq_len": seq_len, "n_conditions": len(conditions) + 1,
-        "n_controls": len(sets), "selection": str(selection), "lowest_ablated_layer": 4,
-        "model": "GPT-NeoX 8 layers x 8 heads, d_model 256, vocab 260, random weights",
-        "repeats": repeats, "naive_times_s": naive_times, "engine_times_s": engine_times,
-        "chunk_size": chunk_size or 1, "device": str(device), "dtype": dtype_name(dtype),
-        "threads": torch.get_num_threads(), "notes": notes,
+        "n_conditions": len(conditions) + 1, "repeats": repeats, "naive_times_s": naive_times,
+        "engine_times_s": engine_times, "chunk_size": chunk_size or 1, "notes": notes,
+    }
+
+
+def matched_conditions(selection: HeadSet, n_layers: int, n_heads: int, n_controls: int) -> list[Ablation]:
+    """The recipe's conditions: the candidate, `n_controls` matched-random draws (seed 123), the upper bound."""
+    sets = matched_random_controls(selection, n_layers, n_heads, n_controls, seed=123)
+    return ([Ablation(selection, label="candidate")] + [Ablation(s, label=f"control {i}") for i, s in enumerate(sets)]
+            + [Ablation(upper_bound(selection, n_heads), label="upper bound")])
+
+
+def bench_ablation(n_examples: int = 64, seq_len: int = 64, n_controls: int = 20, repeats: int = 3, seed: int = 0,
+                   chunk_size: int | None = None, device: str = "cpu", dtype: str = DEFAULT_DTYPE) -> dict:
+    """Time the engine and the naive loop on the same conditions; report medians, ratio and max difference."""
+    torch.set_num_threads(2)
+    model = random_bridge(_bench_config(), seed, device, dtype)
+    n_layers, n_heads, _ = model_shape(model)
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, 256, (n_examples, seq_len), generator=gen)
+    query_pos = torch.full((n_examples,), seq_len - 1, dtype=torch.long)
+    target = torch.randint(0, 256, (n_examples,), generator=gen)
+    batch = _BenchBatch(tokens.to(device), query_pos.to(device), target.to(device))
+    selection = HeadSet(((4, 1), (4, 5), (6, 2)))
+    conditions = matched_conditions(selection, n_layers, n_heads, n_controls)
+    return {
+        **time_conditions(model, batch, conditions, repeats, chunk_size),
+        "n_examples": n_examples, "seq_len": seq_len, "n_controls": n_controls, "selection": str(selection),
+        "lowest_ablated_layer": 4, "model": "GPT-NeoX 8 layers x 8 heads, d_model 256, vocab 260, random weights",
+        "device": str(device), "dtype": dtype_name(dtype), "threads": torch.get_num_threads(),
     }
 
 

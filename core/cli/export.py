@@ -13,7 +13,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from core.ablation.study import AblationSettings, ablation_study
-from core.cli.probe import add_device_arguments
+from core.cli.probe import add_probe_spec_arguments, probe_spec_from_args
 from core.errors import HeadLabError
 from core.figures.ablation import ablation_bundles
 from core.figures.attribution import attribution_bundles
@@ -28,7 +28,6 @@ from core.pipelines.attribution_results import AttributionSettings
 from core.pipelines.recipe import ScreenSettings, screen, screen_checkpoint
 from core.probe import head_stats
 from core.tasks.sequences import TASKS as SEQUENCE_TASKS
-from core.tasks.specs import probe_spec
 
 PROBE_FIGURES = ("spectral", "screen", "ablation")  # models probed with the induction or text batch
 SEQUENCE_FIGURES = ("attribution",)  # [HHG] reversal / sorting models
@@ -41,10 +40,6 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
                         help="which figures: spectral, screen, ablation, attribution (reverse/sort models) or all "
                              "(every figure that applies to the model; repeatable)")
     parser.add_argument("--out", type=Path, required=True, help="folder to write the figures into")
-    parser.add_argument("--task", choices=("induction", "text"), default="induction", help="probe task (default induction)")
-    parser.add_argument("--n", type=int, default=256, help="probe sequences N (default 256)")
-    parser.add_argument("--seq-len", type=int, default=64, help="probe length T (default 64)")
-    parser.add_argument("--seed", type=int, default=42, help="probe seed (default 42)")
     parser.add_argument("--pr", choices=("entropy", "classic"), default="entropy", help="PR definition (default entropy)")
     parser.add_argument("--k", type=float, default=0.18, help="top-K: a count (>= 1) or a fraction (default 0.18)")
     parser.add_argument("--revision", default=None, help="checkpoint for screen and ablation (default: the final one)")
@@ -58,7 +53,7 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--control-seed", type=int, default=123, help="seed of the control draws (default 123)")
     parser.add_argument("--formats", default=",".join(IMAGE_FORMATS),
                         help="image formats, comma-separated (default png,svg,pdf); CSV and JSON are always written")
-    add_device_arguments(parser)
+    add_probe_spec_arguments(parser)
 
 
 def _formats(text: str) -> tuple[str, ...]:
@@ -83,7 +78,7 @@ def cli_export(args: argparse.Namespace) -> dict:
                            "need an induction or text model).")
     if sequence_model:
         return _export_attribution(ref, args, formats)
-    spec = probe_spec(args.task, args.n, args.seq_len, args.seed)
+    spec = probe_spec_from_args(args)
     k = int(args.k) if args.k >= 1 else float(args.k)
     checkpoint = resolve_checkpoint(ref, args.revision)
     report = None

@@ -43,7 +43,8 @@ def add_probe_arguments(parser: argparse.ArgumentParser) -> None:
     which.add_argument("--revision", default=None, help="one checkpoint (default: the final one)")
     which.add_argument("--all-checkpoints", action="store_true", help="every checkpoint of the model")
     add_probe_spec_arguments(parser)
-    parser.add_argument("--chunk-size", type=int, default=64, help="examples per forward (default 64)")
+    parser.add_argument("--chunk-size", type=int, default=None,
+                        help="examples per forward (default: as many as fit in the free memory)")
 
 
 def cli_probe(args: argparse.Namespace) -> dict:

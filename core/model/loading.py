@@ -3,8 +3,9 @@
 `load_model` boots a TransformerLens `TransformerBridge` over the Hugging Face model with *raw*
 weights (no LayerNorm folding, no value-bias folding), so the hooks and W_O views of
 core/model/hooks.py read the model's own computation (METHODS.md, Step 1 pitfall). Before any
-weight is read, the config alone gives a memory estimate (refused when the model cannot fit) and
-local safetensors files are checked for truncation, so a user gets a sentence naming the problem.
+weight is read, the config alone gives a memory estimate (core/model/memory.py; refused when the
+model cannot fit) and local safetensors files are checked for truncation, so a user gets a
+sentence naming the problem.
 Which model and checkpoint is core/model/refs.py.
 
 Nothing is cached here: the app caches loaded models with st.cache_resource.
@@ -26,23 +27,14 @@ from transformer_lens.model_bridge import TransformerBridge
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from core.errors import HeadLabError
-from core.model.hooks import family_of
+from core.model.memory import check_fits_in_memory
 from core.model.refs import RETRAIN_HINT, ModelRef, checkpoint_path, require_cached
-
-try:  # optional: without psutil the free memory is read from /proc/meminfo
-    import psutil
-except ImportError:
-    psutil = None
 
 # The precisions a model can be loaded in (--dtype). Statistics are accumulated in float32 whatever
 # the model's dtype (core/probe.py, core/ablation/), so only the forward pass runs in half precision.
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_DTYPE = "float32"
-ACTIVATION_MARGIN_BYTES = 256 * 2**20  # room for one probe chunk's activations
-MEMORY_OVERHEAD = 1.3  # allocator slack, buffers, the bridge's wrappers
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-# Families whose MLP is up -> act -> down (two matrices); all others are assumed gated (three).
-_UNGATED_FAMILIES = {"gpt_neox", "gpt2", "gptj", "gpt_neo", "opt", "bloom", "falcon", "phi"}
 
 
 # ----------------------------------------------------------------------------- precision
@@ -64,69 +56,6 @@ def dtype_name(dtype: str | torch.dtype) -> str:
     """The precision's name as cache keys and provenance record it: "float32", "bfloat16" or "float16"."""
     torch_dtype = parse_dtype(dtype)
     return next(name for name, value in DTYPES.items() if value == torch_dtype)
-
-
-# ----------------------------------------------------------------------------- memory
-
-
-def estimate_parameter_count(config: Any) -> int:
-    """Parameters of a decoder-only transformer, from its config alone (no weights).
-
-    embeddings (+ untied unembedding) + per layer: Q, K, V, O (grouped K/V counted), the MLP
-    (2 matrices, or 3 when gated; times the expert count for mixtures plus the router), norms.
-    """
-    text = getattr(config, "text_config", None) or config
-    d_model = int(text.hidden_size)
-    vocab = int(text.vocab_size)
-    n_layers = int(text.num_hidden_layers)
-    n_heads = int(text.num_attention_heads)
-    n_kv = int(getattr(text, "num_key_value_heads", None) or n_heads)
-    d_head = int(getattr(text, "head_dim", None) or d_model // n_heads)
-    d_mlp = int(getattr(text, "intermediate_size", None) or 4 * d_model)
-    n_experts = int(getattr(text, "num_experts", None) or getattr(text, "num_local_experts", 0) or 0)
-    gated = family_of(text) not in _UNGATED_FAMILIES
-    embed = vocab * d_model * (1 if getattr(config, "tie_word_embeddings", False) else 2)
-    attn = 2 * d_model * n_heads * d_head + 2 * d_model * n_kv * d_head
-    mlp = (3 if gated else 2) * d_model * d_mlp
-    if n_experts:
-        mlp = mlp * n_experts + n_experts * d_model
-    norms = 4 * d_model
-    return embed + n_layers * (attn + mlp + norms) + 2 * d_model
-
-
-def estimate_memory_bytes(config: Any, dtype: torch.dtype = torch.float32) -> int:
-    """Bytes needed to hold and run the model: parameters x dtype size x 1.3 + activation margin."""
-    bytes_per = torch.empty((), dtype=dtype).element_size()
-    return int(estimate_parameter_count(config) * bytes_per * MEMORY_OVERHEAD) + ACTIVATION_MARGIN_BYTES
-
-
-def available_memory_bytes(device: str = "cpu") -> int:
-    """Free memory on `device`: CUDA free memory, else psutil, else /proc/meminfo MemAvailable."""
-    if str(device).startswith("cuda"):
-        free, _total = torch.cuda.mem_get_info(torch.device(device))
-        return int(free)
-    if psutil is not None:
-        return int(psutil.virtual_memory().available)
-    with open("/proc/meminfo") as handle:
-        for line in handle:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024  # the file counts kB
-    raise HeadLabError("cannot read the available memory; install psutil.")
-
-
-def check_fits_in_memory(
-    config: Any, available_bytes: int | None = None, device: str = "cpu",
-    dtype: torch.dtype = torch.float32,
-) -> int:
-    """Refuse (HeadLabError) a model that would not fit; returns the estimate in bytes."""
-    need = estimate_memory_bytes(config, dtype)
-    have = available_memory_bytes(device) if available_bytes is None else int(available_bytes)
-    if need > have:
-        raise HeadLabError(
-            f"model needs ~{need / 1e9:.2f} GB, only {have / 1e9:.2f} GB available; "
-            "pick a smaller model or a machine with more memory."
-        )
-    return need
 
 
 # ----------------------------------------------------------------------------- loading

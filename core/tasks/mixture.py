@@ -183,7 +183,7 @@ def induction_test_loss(
     return float(losses[:, half_len + 1 :].mean())
 
 
-def _attention_patterns(model_or_pattern_fn, tokens: torch.Tensor) -> torch.Tensor:
+def attention_patterns(model_or_pattern_fn, tokens: torch.Tensor) -> torch.Tensor:
     """Attention patterns for `tokens` as one tensor [layer, example, head, q, k].
 
     Accepts a Hugging Face causal LM (run with output_attentions=True; needs eager attention), a
@@ -212,7 +212,7 @@ def prefix_matching_scores(model_or_pattern_fn, n_examples: int = 32, half_len: 
     copy to the token right after its earlier occurrence (query half_len+1+i -> key 2+i).
     """
     tokens = repeated_random_tokens(n_examples, half_len, seed, distinct=True)
-    patterns = _attention_patterns(model_or_pattern_fn, tokens)  # [layer, example, head, q, k]
+    patterns = attention_patterns(model_or_pattern_fn, tokens)  # [layer, example, head, q, k]
     q = torch.arange(half_len + 1, 2 * half_len + 1)
     k = q - half_len + 1
     return patterns[:, :, :, q, k].mean(dim=(1, 3))  # [layer, head]
@@ -222,7 +222,7 @@ def prefix_matching_scores(model_or_pattern_fn, n_examples: int = 32, half_len: 
 def previous_token_scores(model_or_pattern_fn, n_examples: int = 32, half_len: int = 20, seed: int = 0) -> torch.Tensor:
     """Mean attention from each position to the one before it (positions 1..end), per head: [layer, head]."""
     tokens = repeated_random_tokens(n_examples, half_len, seed, distinct=True)
-    patterns = _attention_patterns(model_or_pattern_fn, tokens)  # [layer, example, head, q, k]
+    patterns = attention_patterns(model_or_pattern_fn, tokens)  # [layer, example, head, q, k]
     q = torch.arange(1, tokens.shape[1])
     return patterns[:, :, :, q, q - 1].mean(dim=(1, 3))  # [layer, head]
 
@@ -234,6 +234,6 @@ def duplicate_token_scores(model_or_pattern_fn, n_examples: int = 32, half_len: 
     On BOS + x + x (x = distinct random bytes): query half_len+1+i -> key 1+i.
     """
     tokens = repeated_random_tokens(n_examples, half_len, seed, distinct=True)
-    patterns = _attention_patterns(model_or_pattern_fn, tokens)  # [layer, example, head, q, k]
+    patterns = attention_patterns(model_or_pattern_fn, tokens)  # [layer, example, head, q, k]
     q = torch.arange(half_len + 1, 2 * half_len + 1)
     return patterns[:, :, :, q, q - half_len].mean(dim=(1, 3))  # [layer, head]

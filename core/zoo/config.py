@@ -13,8 +13,10 @@ from core.errors import HeadLabError
 from core.results import JsonResult
 
 FAMILIES = ("gpt_neox", "llama", "olmoe")
-TASKS = ("induction", "reverse", "sort", "shifted", "duplicate")
-INDUCTION_TASKS = ("induction", "shifted")
+TASKS = ("induction", "reverse", "sort", "shifted", "duplicate", "tokens", "none")
+INDUCTION_TASKS = ("induction", "shifted")  # byte-level induction (core/tasks/mixture.py)
+# "tokens": induction on the reference probe's token range (core/tasks/token_repeats.py);
+# "none": no training, the seeded initial weights only (real shapes for memory and speed work).
 SEQUENCE_TASKS = ("reverse", "sort")
 
 
@@ -25,6 +27,7 @@ class ModelConfig(JsonResult):
     family: str = "gpt_neox"
     n_layers: int = 3
     n_heads: int = 8
+    n_kv_heads: int | None = None  # llama/olmoe: key/value heads (grouped-query attention); None = n_heads
     d_model: int = 64
     d_ff: int = 256
     vocab_size: int = 260
@@ -42,6 +45,11 @@ class ModelConfig(JsonResult):
         for name in ("n_layers", "n_heads", "d_model", "d_ff", "vocab_size", "max_seq_len"):
             if int(getattr(self, name)) < 1:
                 raise HeadLabError(f"Model {name} must be a positive integer.")
+        if self.n_kv_heads is not None:
+            if self.family == "gpt_neox":
+                raise HeadLabError("GPT-NeoX has no grouped-query attention; leave n_kv_heads unset.")
+            if int(self.n_kv_heads) < 1 or self.n_heads % int(self.n_kv_heads):
+                raise HeadLabError(f"n_heads {self.n_heads} must be a multiple of n_kv_heads {self.n_kv_heads}.")
         if self.d_model % self.n_heads:
             raise HeadLabError(f"d_model {self.d_model} must be a multiple of n_heads {self.n_heads}.")
         if self.family == "olmoe" and not 1 <= self.top_k <= self.n_experts:
@@ -59,7 +67,7 @@ class TrainConfig(JsonResult):
     task: str = "induction"
     steps: int = 2000  # an upper bound when early stopping applies (reverse/sort)
     batch_size: int = 32
-    seq_len: int = 64  # induction tasks only (reverse/sort widths follow their lengths)
+    seq_len: int = 64  # induction, duplicate and tokens tasks (reverse/sort widths follow their lengths)
     lr: float = 3e-3
     warmup_steps: int = 50  # linear warm-up, then constant
     decay_fraction: float = 0.0  # last fraction of the steps: linear decay to 10% of lr (steadier final model)
@@ -73,12 +81,14 @@ class TrainConfig(JsonResult):
     warmup_repeat_fraction: float = 1.0  # share of repeat sequences during the warm-up (1 = pure repeat)
     repeat_fraction: float = 0.5  # share of repeat sequences in the mixture after the warm-up
     mixture_chunk_max: int = 32  # longest repeated chunk after the warm-up (the warm-up keeps 8-32)
+    softmax_vocab: int | None = None  # loss over the first N ids only (a task that never uses a higher id); None = all
     seed: int = 0
     stop_accuracy: float | None = 0.9  # reverse/sort: stop once train exact match reaches this
     eval_every: int = 100  # steps between evaluations (and early-stop checks)
     eval_examples: int = 64  # per evaluation (per length for reverse/sort)
     final_examples: int = 256  # for the final figures
     init_from: str | None = None  # start from this zoo model's final checkpoint (continued training)
+    unembed_init_from_embed: bool = False  # start the (untied) unembedding as a copy of the embedding
     state_every: int = 250  # steps between resumable-state saves (also saved at every checkpoint)
     log_every: int = 10  # steps per point of the loss curve (window mean)
     n_log_checkpoints: int = 20  # log-spaced checkpoints over the run (plus step 0 and the end)
@@ -89,7 +99,7 @@ class TrainConfig(JsonResult):
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise HeadLabError(f"Unknown training task {self.task!r}; choose one of {', '.join(TASKS)}.")
-        if int(self.steps) < 1 or int(self.batch_size) < 1:
+        if int(self.steps) < (0 if self.task == "none" else 1) or int(self.batch_size) < 1:
             raise HeadLabError("Training steps and batch_size must be positive integers.")
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
 

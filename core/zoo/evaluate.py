@@ -14,7 +14,8 @@ from typing import Any, Callable
 import torch
 
 from core.heads import head_name
-from core.tasks import duplicate, mixture
+from core.tasks import duplicate, mixture, token_repeats
+from core.tasks.induction import InductionProbeSpec
 from core.tasks.sequences import OOD_LENGTHS, TRAIN_LENGTHS, exact_match_accuracy
 from core.zoo.config import INDUCTION_TASKS, ModelConfig, TrainConfig
 
@@ -58,6 +59,48 @@ def evaluate_induction(model, train_cfg: TrainConfig, n_examples: int, full: boo
         out["prefix_matching"] = [[round(float(v), 4) for v in row] for row in prefix]
         del out["prefix_matching_heads"]
         out["previous_token"] = [[round(float(v), 4) for v in row] for row in prev]
+        out.update(induction_head_summary(prefix))
+    model.train(was_training)
+    return out
+
+
+@torch.no_grad()
+def evaluate_token_induction(model, train_cfg: TrainConfig, n_examples: int, full: bool = False) -> dict:
+    """Token-range induction (task "tokens"): loss on the repeated half of x + x at half = seq_len/2,
+    top-1 accuracy on the reference probe (B after the final A, p+1 128-235 tokens back at T = 256),
+    and prefix-matching per head (full: every figure, and previous-token scores).
+
+    Run in chunks of 8 examples: at a 50k vocabulary one example's logits at T = 256 are 51 MB.
+    """
+    was_training = model.training
+    model.eval()
+    half = train_cfg.seq_len // 2
+    repeats = token_repeats.repeated_random_tokens(n_examples, half, seed=1)  # [example, 2*half]
+    probe = InductionProbeSpec(n_examples=n_examples, seq_len=train_cfg.seq_len, token_low=token_repeats.TOKEN_LOW,
+                               token_high=token_repeats.TOKEN_HIGH, seed=3).build()
+    repeat_losses, correct = [], []
+    for start in range(0, n_examples, 8):
+        rows = slice(start, start + 8)
+        tokens = repeats[rows]
+        # column t predicts t+1; the second copy's targets after its first token are columns half .. 2*half-2
+        repeat_losses.append(mixture.next_token_losses(model(tokens).logits, tokens)[:, half:])
+        logits = model(probe.tokens[rows]).logits  # [chunk, T, vocab]
+        at_query = logits[torch.arange(logits.shape[0]), probe.query_pos[rows]]  # [chunk, vocab]
+        correct.append(at_query.argmax(dim=-1) == probe.target[rows])
+    out: dict[str, Any] = {"induction_loss": float(torch.cat(repeat_losses).mean()),
+                           "probe_accuracy": float(torch.cat(correct).float().mean())}
+    patterns = mixture.attention_patterns(model, repeats[:16])  # [layer, example, head, q, k]
+    q = torch.arange(half, 2 * half)
+    prefix = patterns[:, :, :, q, q - half + 1].mean(dim=(1, 3))  # [layer, head]
+    out["prefix_matching_max"] = float(prefix.max())
+    out["strong_induction_count"] = int((prefix > STRONG_INDUCTION_SCORE).sum())
+    out["prefix_matching_heads"] = [[round(float(v), 3) for v in row] for row in prefix]  # [layer][head]
+    if full:
+        q = torch.arange(1, 2 * half)
+        previous = patterns[:, :, :, q, q - 1].mean(dim=(1, 3))  # [layer, head]
+        out["prefix_matching"] = [[round(float(v), 4) for v in row] for row in prefix]
+        del out["prefix_matching_heads"]
+        out["previous_token"] = [[round(float(v), 4) for v in row] for row in previous]
         out.update(induction_head_summary(prefix))
     model.train(was_training)
     return out
@@ -115,8 +158,9 @@ def evaluate_during_training(model, model_cfg: ModelConfig, train_cfg: TrainConf
     """Append one evaluation point to the curves; for reverse/sort also apply the early-stop rule."""
     ev = meta["curves"]["eval"]
     ev["step"].append(meta["step"])
-    if train_cfg.task in INDUCTION_TASKS:
-        figures = evaluate_induction(model, train_cfg, train_cfg.eval_examples)
+    if train_cfg.task in INDUCTION_TASKS or train_cfg.task == "tokens":
+        evaluate = evaluate_induction if train_cfg.task in INDUCTION_TASKS else evaluate_token_induction
+        figures = evaluate(model, train_cfg, train_cfg.eval_examples)
         ev.setdefault("prefix_matching", []).append(figures.pop("prefix_matching_heads"))
         if meta["induction_step"] is None and figures["induction_loss"] < INDUCTION_LOSS_TARGET:
             meta["induction_step"] = meta["step"]
@@ -146,12 +190,15 @@ def final_figures(model, model_cfg: ModelConfig, train_cfg: TrainConfig, meta: d
         "seconds_per_step": round(meta["train_seconds"] / max(1, meta["step"]), 4),
         "n_parameters": sum(p.numel() for p in model.parameters()),
     }
-    if train_cfg.task in INDUCTION_TASKS:
-        out.update(evaluate_induction(model, train_cfg, train_cfg.final_examples, full=True))
+    if train_cfg.task in INDUCTION_TASKS or train_cfg.task == "tokens":
+        evaluate = evaluate_induction if train_cfg.task in INDUCTION_TASKS else evaluate_token_induction
+        out.update(evaluate(model, train_cfg, train_cfg.final_examples, full=True))
         out["induction_step"] = meta["induction_step"]
         out["induction_seconds"] = meta["induction_seconds"]
     elif train_cfg.task == "duplicate":
         out.update(evaluate_duplicate(model, train_cfg, train_cfg.final_examples))
+    elif train_cfg.task == "none":
+        pass  # initial weights: nothing learned to measure
     else:
         train = evaluate_sequences(model, train_cfg.task, TRAIN_LENGTHS, train_cfg.final_examples, seed=1)
         ood = evaluate_sequences(model, train_cfg.task, OOD_LENGTHS, train_cfg.final_examples, seed=2)

@@ -8,7 +8,8 @@ steps plus extra ones where the loss falls fast, so circuits can be followed acr
 The zoo's recipes are in core/zoo/presets.py; what is measured along the way in core/zoo/evaluate.py.
 
 Determinism: `torch.manual_seed(seed)` right before model init (same seed, same weights on the
-same number of torch threads: float sums differ between 1 and 2 threads, and the paper preset's
+same number of torch threads, recorded as `threads` in the state and manifest and reused by a
+resume (older records lack it: null); float sums differ between 1 and 2 threads, and the paper preset's
 induction recipe with seed 0 ends at 0.454 nats of repeated-half loss on 2 threads but 0.400 on 1),
 and every batch is a pure function of (seed, step). The resumable state in `<model>/state/` (weights,
 optimizer moments, step, curves; safetensors + JSON, no pickle) therefore lets an interrupted run
@@ -32,7 +33,7 @@ from transformers.utils import logging as hf_logging
 
 from core.errors import HeadLabError
 from core.model.refs import MANIFEST, read_manifest
-from core.tasks import duplicate, mixture, sequences, vocab
+from core.tasks import duplicate, mixture, sequences, token_repeats, vocab
 from core.workspace import atomic_directory, atomic_write_json, zoo_dir
 from core.zoo.config import SEQUENCE_TASKS, ModelConfig, TrainConfig
 from core.zoo.evaluate import evaluate_during_training, final_figures
@@ -77,12 +78,12 @@ def build_hf_config(cfg: ModelConfig):
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": float(cfg.rotary_pct)},
         )
     elif cfg.family == "llama":
-        config = LlamaConfig(**common, hidden_act=cfg.hidden_act or "silu", num_key_value_heads=cfg.n_heads)
+        config = LlamaConfig(**common, hidden_act=cfg.hidden_act or "silu", num_key_value_heads=cfg.n_kv_heads or cfg.n_heads)
     else:
         config = OlmoeConfig(
             **common,
             hidden_act=cfg.hidden_act or "silu",
-            num_key_value_heads=cfg.n_heads,
+            num_key_value_heads=cfg.n_kv_heads or cfg.n_heads,
             num_experts=cfg.n_experts,
             num_experts_per_tok=cfg.top_k,
             router_aux_loss_coef=cfg.router_aux_loss_coef,
@@ -176,6 +177,11 @@ def batch_at(train_cfg: TrainConfig, step: int) -> tuple[torch.Tensor, torch.Ten
         return sequences.sequence_training_batch(train_cfg.task, step, train_cfg.batch_size, train_cfg.seed)
     if train_cfg.task == "duplicate":
         return duplicate.training_batch(step, train_cfg.batch_size, train_cfg.seq_len, train_cfg.seed), None
+    if train_cfg.task == "tokens":
+        chunk_max = token_repeats.WARMUP_CHUNK_MAX if step < train_cfg.repeat_warmup_steps else None
+        return token_repeats.training_batch(step, train_cfg.batch_size, train_cfg.seq_len, train_cfg.seed, chunk_max), None
+    if train_cfg.task == "none":
+        raise HeadLabError("A 'none' task model is not trained; it has no training batches.")
     chunk_max = mixture.CHUNK_MAX  # 8-32 byte repeats until the warm-up ends: induction forms fastest on them
     if step < train_cfg.text_first_steps:
         fraction, kind = 0.0, "text"
@@ -189,12 +195,27 @@ def batch_at(train_cfg: TrainConfig, step: int) -> tuple[torch.Tensor, torch.Ten
     return tokens, None
 
 
-def training_loss(model, model_cfg: ModelConfig, tokens: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def training_loss(model, model_cfg: ModelConfig, tokens: torch.Tensor, mask: torch.Tensor | None,
+                  softmax_vocab: int | None = None) -> torch.Tensor:
     """Mean next-token cross-entropy (on mask positions: mask[t] scores predicting tokens[t+1]), plus
-    OLMoE's load-balancing loss."""
+    OLMoE's load-balancing loss.
+
+    `softmax_vocab`: take the softmax over the first N ids only, for data that never holds a higher
+    id. At a 50k vocabulary the unembedding is most of a small model's compute (the Pythia-14m shape
+    trains 4x faster over its 10k used ids); the unused rows keep their initial weights.
+    """
     is_moe = model_cfg.family == "olmoe"
-    out = model(tokens, output_router_logits=True) if is_moe else model(tokens)
-    logits = out.logits[:, :-1].float()  # [batch, seq-1, vocab]
+    if softmax_vocab is not None:
+        if is_moe:
+            raise HeadLabError("softmax_vocab is not supported for OLMoE models; leave it unset.")
+        hidden = model.base_model(tokens).last_hidden_state[:, :-1]  # [batch, seq-1, d_model], final norm applied
+        unembed = model.get_output_embeddings()
+        bias = None if unembed.bias is None else unembed.bias[:softmax_vocab]
+        logits = torch.nn.functional.linear(hidden, unembed.weight[:softmax_vocab], bias).float()  # [batch, seq-1, N]
+        out = None
+    else:
+        out = model(tokens, output_router_logits=True) if is_moe else model(tokens)
+        logits = out.logits[:, :-1].float()  # [batch, seq-1, vocab]
     targets = tokens[:, 1:]
     losses = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
     if mask is None:
@@ -202,7 +223,7 @@ def training_loss(model, model_cfg: ModelConfig, tokens: torch.Tensor, mask: tor
     else:
         m = mask[:, :-1].reshape(-1).float()
         loss = (losses * m).sum() / m.sum()
-    if is_moe and out.aux_loss is not None:
+    if is_moe and out is not None and out.aux_loss is not None:
         loss = loss + model_cfg.router_aux_loss_coef * out.aux_loss
     return loss
 
@@ -285,9 +306,19 @@ def _load_state(model, optimizer, out_dir: Path) -> dict | None:
 
 
 def _initial_model(model_cfg: ModelConfig, train_cfg: TrainConfig):
-    """Fresh init (seeded), or the final checkpoint of `init_from` for continued training."""
+    """Fresh init (seeded), or the final checkpoint of `init_from` for continued training.
+
+    `unembed_init_from_embed`: the unembedding starts equal to the embedding (the weights stay
+    untied). With 10,000 random tokens and independent random W_E and W_U, copying a token needs
+    W_U[t] aligned with W_E[t] for every t, learnt one rare token at a time; starting aligned, an
+    induction head can copy from the first step.
+    """
     if not train_cfg.init_from:
-        return build_model(model_cfg, train_cfg.seed)
+        model = build_model(model_cfg, train_cfg.seed)
+        if train_cfg.unembed_init_from_embed:
+            with torch.no_grad():
+                model.get_output_embeddings().weight.copy_(model.get_input_embeddings().weight)
+        return model
     parent_dir = Path(train_cfg.init_from)
     if not parent_dir.is_dir():
         parent_dir = zoo_dir() / train_cfg.init_from
@@ -333,9 +364,11 @@ def train_model(
     meta = _load_state(model, optimizer, out_dir)
     if meta is not None and not _same_config(meta.get("config"), model_cfg, train_cfg):
         raise HeadLabError(f"{out_dir} holds a run with a different config; delete that folder or pick another name.")
+    if meta is not None and meta.get("threads"):  # the run's own thread count: same float sums, same weights
+        torch.set_num_threads(int(meta["threads"]))
     if meta is None:
         meta = {
-            "config": config_json, "step": 0, "tokens": 0, "ema": None, "ema_at_checkpoint": None,
+            "threads": torch.get_num_threads(), "config": config_json, "step": 0, "tokens": 0, "ema": None, "ema_at_checkpoint": None,
             "last_checkpoint_step": None, "checkpoints": [], "train_seconds": 0.0,
             "curves": {"step": [], "loss": [], "eval": {"step": []}}, "window": [], "stopped_early": False,
             "induction_step": None, "induction_seconds": None,
@@ -352,7 +385,7 @@ def train_model(
         return {
             "name": name, "family": model_cfg.family, "task": train_cfg.task, "config": config_json,
             "checkpoints": meta["checkpoints"], "curves": meta["curves"], "final": final or {},
-            "train_seconds": round(meta["train_seconds"], 2), "complete": complete,
+            "train_seconds": round(meta["train_seconds"], 2), "complete": complete, "threads": meta.get("threads"),
         }
 
     def checkpoint(step: int, loss: float | None) -> None:
@@ -384,7 +417,7 @@ def train_model(
             tokens, mask = batch_at(train_cfg, step)
             for group in optimizer.param_groups:
                 group["lr"] = _lr_at(step, train_cfg)
-            loss = training_loss(model, model_cfg, tokens, mask)
+            loss = training_loss(model, model_cfg, tokens, mask, train_cfg.softmax_vocab)
             value = float(loss.detach())
             # Saves happen before this step changes any bookkeeping, so a resume from them
             # replays step `step` exactly once.
@@ -424,9 +457,11 @@ def train_model(
     meta["train_seconds"] = seconds_before + time.perf_counter() - started
     step = meta["step"]
     if not any(c["step"] == step for c in meta["checkpoints"]):
-        tokens, mask = batch_at(train_cfg, step)
-        with torch.no_grad():
-            final_loss = float(training_loss(model, model_cfg, tokens, mask))
+        final_loss = None
+        if train_cfg.task != "none":
+            tokens, mask = batch_at(train_cfg, step)
+            with torch.no_grad():
+                final_loss = float(training_loss(model, model_cfg, tokens, mask, train_cfg.softmax_vocab))
         checkpoint(step, final_loss)
     eval_started = time.perf_counter()
     final = final_figures(model, model_cfg, train_cfg, meta)

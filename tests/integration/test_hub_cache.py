@@ -9,6 +9,8 @@ so the tests patch those constants as well as the environment.
 
 from __future__ import annotations
 
+import csv
+import json
 import os
 from pathlib import Path
 
@@ -219,3 +221,42 @@ def test_cli_zoo_as_hub_writes_the_cache_and_is_idempotent(hub, capsys):
         write_hub_cache(ZOO_MODEL, "someone/induction")
     with pytest.raises(HeadLabError, match="unknown zoo model 'no-such-model'"):
         write_hub_cache("no-such-model", "someone/pythia-x")
+
+
+def test_export_from_the_hub_cache_writes_the_zoo_folders_numbers(hub, tmp_path):
+    """`export` on the hub name: the same screen and ablation tables as the zoo folder (data files only)."""
+    def export(model: str, revision: str, out: Path) -> dict:
+        argv = ["export", model, "--figure", "spectral", "--figure", "screen", "--figure", "ablation", "--out", str(out),
+                "--heads", "L1H0,L1H2", "--controls", "3", "--formats", "", "--revision", revision,
+                "--n", "16", "--seq-len", "32", "--seed", "7"]
+        args = build_parser().parse_args(argv)
+        return args.run(args)
+
+    from_hub = export(HUB, "step100", tmp_path / "hub")
+    from_zoo = export(ZOO_MODEL, "step000100", tmp_path / "zoo")
+    assert from_hub["ablation"]["verdicts"] == from_zoo["ablation"]["verdicts"]
+    hub_files = sorted(Path(p).name.replace("pythia-tiny-", "") for p in from_hub["files"])
+    assert hub_files == sorted(Path(p).name.replace(f"{ZOO_MODEL}-", "") for p in from_zoo["files"])
+    compared = 0
+    for name in hub_files:
+        if "spectral" in name:
+            continue  # its token axis is Pythia's 2,097,152 per step on the hub, the zoo's own count in the folder
+        hub_path, zoo_path = tmp_path / "hub" / f"pythia-tiny-{name}", tmp_path / "zoo" / f"{ZOO_MODEL}-{name}"
+        if name.endswith(".json"):
+            assert _without_names(json.loads(hub_path.read_text())) == _without_names(json.loads(zoo_path.read_text())), name
+        else:
+            with open(hub_path) as hub_file, open(zoo_path) as zoo_file:
+                hub_rows, zoo_rows = list(csv.DictReader(hub_file)), list(csv.DictReader(zoo_file))
+            assert [_without_names(r) for r in hub_rows] == [_without_names(r) for r in zoo_rows], name
+        compared += 1
+    assert compared >= 10
+
+
+def _without_names(data):
+    """`data` less what names the source rather than measures it: provenance, model, revision and
+    token counts (Pythia's 2,097,152 per step on the hub, the zoo's own count in the folder)."""
+    if isinstance(data, dict):
+        return {k: _without_names(v) for k, v in data.items() if k not in ("provenance", "model", "revision", "tokens")}
+    if isinstance(data, list):
+        return [_without_names(v) for v in data]
+    return data

@@ -16,7 +16,7 @@ import torch
 
 from core.cli.models import add_models_arguments, cli_models
 from core.errors import HeadLabError
-from core.model import loading, refs
+from core.model import loading, memory, refs
 from core.model.hooks import (
     family_of,
     head_output_weights,
@@ -26,14 +26,8 @@ from core.model.hooks import (
     output_bias,
     router_logit_hooks,
 )
-from core.model.loading import (
-    check_fits_in_memory,
-    estimate_memory_bytes,
-    estimate_parameter_count,
-    load_config,
-    load_hf_model,
-    load_model,
-)
+from core.model.loading import load_config, load_hf_model, load_model
+from core.model.memory import check_fits_in_memory, estimate_memory_bytes, estimate_parameter_count
 from core.model.refs import (
     PYTHIA_TOKENS_PER_STEP,
     Checkpoint,
@@ -46,7 +40,7 @@ from core.model.refs import (
 from tests.tiny_models import FAMILIES, make_fake_zoo, save_tiny_model, tiny_config
 
 EXPECTED_TYPE = {"gpt_neox": "gpt_neox", "gpt_neox_norotary": "gpt_neox", "hhg": "gpt_neox",
-                 "llama": "llama", "olmoe": "olmoe"}
+                 "llama": "llama", "llama_gqa": "llama", "olmoe": "olmoe"}
 
 
 @pytest.fixture(scope="module")
@@ -285,7 +279,7 @@ def test_parameter_estimate_matches_published_sizes():
 def test_memory_estimate_is_params_times_4_bytes_times_overhead_plus_margin():
     config = tiny_config("gpt_neox")
     params = estimate_parameter_count(config)
-    expected = int(params * 4 * loading.MEMORY_OVERHEAD) + loading.ACTIVATION_MARGIN_BYTES
+    expected = int(params * 4 * memory.MEMORY_OVERHEAD) + memory.ACTIVATION_MARGIN_BYTES
     assert estimate_memory_bytes(config) == expected
     assert estimate_memory_bytes(config, torch.float16) < expected
 
@@ -295,7 +289,7 @@ def test_check_fits_in_memory_refuses_and_accepts():
     with pytest.raises(HeadLabError, match=r"model needs ~0\.\d+ GB, only 0\.00 GB available"):
         check_fits_in_memory(config, available_bytes=1000)
     assert check_fits_in_memory(config, available_bytes=10**12) == estimate_memory_bytes(config)
-    assert loading.available_memory_bytes() > 0
+    assert memory.available_memory_bytes() > 0
 
 
 def test_memory_refusal_comes_before_any_weight_is_read(tmp_path, monkeypatch):
@@ -304,7 +298,7 @@ def test_memory_refusal_comes_before_any_weight_is_read(tmp_path, monkeypatch):
 
     folder = save_tiny_model("gpt_neox", tmp_path / "big")
     (folder / "model.safetensors").write_bytes(b"garbage")  # reading it would fail differently
-    monkeypatch.setattr(loading, "available_memory_bytes", lambda device="cpu": 1000)
+    monkeypatch.setattr(memory, "available_memory_bytes", lambda device="cpu": 1000)
 
     def no_weights(*args, **kwargs):
         raise AssertionError("weights were loaded before the memory check")

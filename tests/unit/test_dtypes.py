@@ -9,14 +9,14 @@ import torch
 
 from core.__main__ import build_parser
 from core.errors import HeadLabError
-from core.model.loading import (ACTIVATION_MARGIN_BYTES, DEFAULT_DTYPE, DTYPES, check_device, dtype_name,
-                                estimate_memory_bytes, parse_dtype)
+from core.model.loading import DEFAULT_DTYPE, DTYPES, check_device, dtype_name, parse_dtype
+from core.model.memory import ACTIVATION_MARGIN_BYTES, estimate_memory_bytes
 
 # every command that loads a model, with the arguments it needs besides --dtype
 MODEL_COMMANDS = {
     "probe": ["m"], "screen": ["m"], "ablate": ["m", "--heads", "L0H0"], "recipe": ["m"],
     "attribution": ["m", "--task", "reverse"], "proposers": ["m"], "export": ["m", "--figure", "all", "--out", "x"],
-    "coactivation": ["m"], "replicate": ["spectral"], "bench probe": [], "bench ablation": [],
+    "coactivation": ["m"], "replicate": ["spectral"], "bench probe": [], "bench ablation": [], "bench scale": [],
 }
 
 

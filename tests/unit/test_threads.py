@@ -1,0 +1,80 @@
+"""The thread policy (core/threads.py) on hand-made CPU samples: free cores -> torch threads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from core.errors import HeadLabError
+from core.threads import THREADS_ENV, apply_thread_policy, choose_threads, thread_ceiling, thread_policy
+
+
+@pytest.mark.parametrize("busy, expected", [
+    ((0.03, 0.05), 2),   # idle: both cores
+    ((0.2, 0.05), 2),    # light background work (a browser) still leaves two cores
+    ((1.0, 0.02), 1),    # one busy loop on one CPU: one thread
+    ((0.5, 0.52), 1),    # the same busy loop moved between CPUs by the scheduler
+    ((1.0, 1.0), 1),     # everything taken: never fewer than one
+])
+def test_two_cpus(busy, expected):
+    choice = choose_threads(busy, ceiling=2)
+    assert choice.threads == expected and choice.reason == "load"
+
+
+def test_own_work_is_not_competition():
+    # the app training in one session (both cores busy with this process) while another session starts
+    assert choose_threads((1.0, 1.0), ceiling=2, own=2.0).threads == 2
+    assert choose_threads((1.0, 1.0), ceiling=2, own=1.0).threads == 1  # one core's worth is someone else's
+
+
+def test_free_cores_are_counted_and_capped():
+    sixteen = (1.0,) + (0.0,) * 15
+    assert choose_threads(sixteen, ceiling=16).threads == 15
+    assert choose_threads(sixteen, ceiling=8).threads == 8
+    assert choose_threads((0.0,) * 4, ceiling=1).threads == 1
+
+
+def test_override_wins_over_the_sample_and_the_ceiling():
+    choice = choose_threads((1.0, 1.0), ceiling=2, override="3")
+    assert (choice.threads, choice.reason) == (3, "override")
+    assert choose_threads((0.0, 0.0), ceiling=2, override=" 1 ").threads == 1
+    assert choose_threads((1.0, 0.0), ceiling=2, override="").reason == "load"  # empty: not set
+
+
+@pytest.mark.parametrize("bad", ["0", "-2", "two", "1.5"])
+def test_bad_override_says_what_to_set(bad):
+    with pytest.raises(HeadLabError, match=f"{THREADS_ENV}=.*set {THREADS_ENV} to"):
+        choose_threads((0.0, 0.0), ceiling=2, override=bad)
+
+
+def test_no_sample_and_no_override_is_refused():
+    with pytest.raises(HeadLabError, match=THREADS_ENV):
+        choose_threads((), ceiling=2)
+
+
+@pytest.mark.parametrize("cpus, physical, env, expected", [
+    (2, 2, {}, 2),
+    (16, 8, {}, 8),                              # one thread per physical core
+    (4, None, {}, 4),                            # physical count unknown
+    (2, 2, {"OMP_NUM_THREADS": "1"}, 1),         # a user-set OMP_NUM_THREADS is a ceiling
+    (8, 8, {"OMP_NUM_THREADS": "4,2"}, 4),       # nested levels: the outer one
+    (2, 2, {"OMP_NUM_THREADS": "lots"}, 2),      # malformed: ignored, as OpenMP does
+])
+def test_ceiling(cpus, physical, env, expected):
+    assert thread_ceiling(cpus, physical, env) == expected
+
+
+def test_policy_with_override_takes_no_sample():
+    choice = thread_policy(env={THREADS_ENV: "1"})
+    assert (choice.threads, choice.busy, choice.reason) == (1, (), "override")
+
+
+def test_apply_sets_torch_threads(monkeypatch):
+    before = torch.get_num_threads()
+    monkeypatch.setenv(THREADS_ENV, "1")
+    try:
+        assert apply_thread_policy().threads == 1 and torch.get_num_threads() == 1
+        monkeypatch.setenv(THREADS_ENV, "2")
+        assert apply_thread_policy().threads == 2 and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
