@@ -12,12 +12,23 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 REFERENCE_DIR = REPO_ROOT.parent / "shared" / "reference"
 
 _SESSION_HOME = Path(tempfile.mkdtemp(prefix="headlab-test-home-"))
 os.environ["HEADLAB_HOME"] = str(_SESSION_HOME)
+
+
+@pytest.fixture(autouse=True)
+def torch_threads_restored():
+    """Restore torch's thread count after every test. The CLI, the app and the benchmarks apply
+    HeadLab's thread policy (core/threads.py), which sets the process-wide count from a load sample
+    (1 beside bench load's busy loop); left in place it would slow every later test."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

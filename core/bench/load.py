@@ -34,7 +34,7 @@ from core.errors import HeadLabError
 from core.probe import collect_head_stats
 from core.tasks.specs import probe_spec
 from core.threads import THREADS_ENV, apply_thread_policy
-from core.zoo.presets import _NEOX_INDUCTION, _QUICK_INDUCTION_TRAIN
+from core.zoo.presets import task_recipe
 from core.zoo.train import batch_at, build_hf_config, build_model, training_loss
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -69,7 +69,7 @@ def competing_process() -> Iterator[subprocess.Popen]:
 
 def training_seconds(n_steps: int, seed: int = 0) -> float:
     """Wall time of `n_steps` training steps of the quick induction model (fresh, seeded; one untimed warm-up step)."""
-    model_cfg, train_cfg = _NEOX_INDUCTION, _QUICK_INDUCTION_TRAIN
+    model_cfg, train_cfg = task_recipe("induction")  # the quick zoo's induction-neox recipe
     model = build_model(model_cfg, seed)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=train_cfg.lr, betas=train_cfg.betas,
@@ -91,7 +91,7 @@ def training_seconds(n_steps: int, seed: int = 0) -> float:
 
 def _probe_runner(n_examples: int, seq_len: int) -> Callable[[], float]:
     """A function timing one instrumented probe pass on a random model of the quick induction shape."""
-    model = random_bridge(build_hf_config(_NEOX_INDUCTION), seed=0)
+    model = random_bridge(build_hf_config(task_recipe("induction")[0]), seed=0)
     batch = probe_spec("induction", n_examples, seq_len, seed=42).build()  # the app's default probe at N, T
     collect_head_stats(model, batch)  # warm-up
 
