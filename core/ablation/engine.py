@@ -16,6 +16,13 @@ mask, rotary position embeddings, ...) and replays blocks k..L-1 itself, then th
 unembedding at the query positions only. A self-check against the clean logits guards this; when it
 fails the engine falls back to full forwards and says so in its notes.
 
+Two more cuts, each self-checked (they are what takes a Pythia-160m recipe past 2x a naive loop):
+- the last block's MLP runs at the query rows only (nothing after it reads another position; the
+  MLP is two thirds of a block's work). Skipped when a condition ablates that MLP;
+- in a parallel-residual block (GPT-NeoX/Pythia, GPT-J: out = x + attn(x) + mlp(x)), ablating heads
+  only changes attn(x) by sum_h (replacement_h - z_h) W_O[h]; the condition's residual after its
+  lowest ablated layer is the clean one plus that change, so that layer is not replayed at all.
+
 Precision: a bfloat16/float16 model runs its blocks in that dtype, but the metrics (query_metrics)
 and the means of mean ablation are computed in float32; the self-check's tolerance is a few units
 of the dtype's precision, since a replay may round differently from the full forward.
@@ -26,10 +33,11 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
+from transformer_lens.model_bridge.generalized_components import ParallelBlockBridge
 
 from core.ablation.spec import Ablation, ConditionMetrics, query_metrics
 from core.errors import HeadLabError
-from core.model.hooks import hook_name, mlp_hook_name, model_device, model_dtype, model_shape
+from core.model.hooks import head_output_weights, hook_name, mlp_hook_name, model_device, model_dtype, model_shape
 from core.model.memory import ForwardShape, chunk_size_for, forward_bytes, lean_forward, memory_budget
 from core.stats.inference import METRICS
 
@@ -245,23 +253,40 @@ def _fit_batch(value: Any, rows: int, index: torch.Tensor | None, repeat: int) -
 
 
 class _Recorder:
-    """Records, in the clean forward, what every block from `first` on receives; and the final residual."""
+    """Records, in the clean forward, what every block from `first` on receives; the final residual;
+    and the clean hook_z of the `z_layers` (for the parallel-residual shortcut)."""
 
-    def __init__(self, model: Any, first: int, keep: Iterable[int] = ()):
+    def __init__(self, model: Any, first: int, keep: Iterable[int] = (), z_layers: Iterable[int] = ()):
         self.model = model
         self.first = first
         self.keep = set(keep)  # layers whose input residual is kept (the conditions' start layers)
+        self.z_layers = sorted(set(z_layers))
         self.inputs: dict[int, torch.Tensor] = {}
         self.calls: dict[int, tuple[tuple, dict]] = {}
+        self.z: dict[int, torch.Tensor] = {}  # layer -> clean z [row, pos, head, d_head]
         self.final: torch.Tensor | None = None
         self.handles = []
+        self.z_hooks = None
 
     def __enter__(self) -> "_Recorder":
         for layer, block in enumerate(self.model.blocks):
             if layer >= self.first:
                 self.handles.append(block.register_forward_pre_hook(self._pre(layer), with_kwargs=True))
         self.handles.append(self.model.ln_final.register_forward_pre_hook(self._final, with_kwargs=True))
+        self.z_hooks = self.model.hooks(fwd_hooks=[(hook_name("z", layer), self._keep_z(layer)) for layer in self.z_layers])
+        self.z_hooks.__enter__()
         return self
+
+    def resid_before(self, layer: int) -> torch.Tensor:
+        """The clean residual entering block `layer` (the final norm's input when layer == L)."""
+        return self.final if layer >= len(self.model.blocks) else self.inputs[layer]
+
+    def _keep_z(self, layer: int):
+        def hook(z, hook=None):
+            self.z[layer] = z.detach()
+            return z
+
+        return hook
 
     def _pre(self, layer: int):
         def hook(module, args, kwargs):
@@ -277,21 +302,66 @@ class _Recorder:
     def __exit__(self, *exc) -> None:
         for handle in self.handles:
             handle.remove()
+        self.z_hooks.__exit__(*exc)
 
 
-def _run_tail(model: Any, recorder: _Recorder, start: int, resid: torch.Tensor, rows: int, index, repeat: int, query_pos: torch.Tensor) -> torch.Tensor:
-    """Blocks start..L-1 from `resid` [row, pos, d_model], then final norm + unembed at query_pos [row] -> [row, vocab]."""
+def _run_tail(model: Any, recorder: _Recorder, start: int, resid: torch.Tensor, rows: int, index, repeat: int,
+              query_pos: torch.Tensor, last_mlp_at_query: bool = False) -> torch.Tensor:
+    """Blocks start..L-1 from `resid` [row, pos, d_model], then final norm + unembed at query_pos [row] -> [row, vocab].
+
+    last_mlp_at_query: the last block's MLP sees only the query rows [row, 1, d_model]; its output
+    broadcasts over positions in the residual add, which is right at the query rows (all that is read).
+    """
     x = resid
     n_layers = len(model.blocks)
-    for layer in range(start, n_layers):
-        args, kwargs = recorder.calls[layer]
-        args = _fit_batch(args, rows, index, repeat)
-        kwargs = {key: _fit_batch(value, rows, index, repeat) for key, value in kwargs.items()}
-        out = model.blocks[layer](x, *args, **kwargs)
-        x = out[0] if isinstance(out, tuple) else out
-    picked = x[torch.arange(x.shape[0], device=x.device), query_pos][:, None, :]  # [row, 1, d_model]
+    rows_index = torch.arange(x.shape[0], device=x.device)
+    handle = None
+    if last_mlp_at_query and start < n_layers:
+
+        def query_rows_only(module, args, kwargs):
+            hidden = args[0] if args else kwargs.pop("hidden_states")
+            picked = hidden[rows_index, query_pos][:, None, :]  # [row, 1, d_model]
+            return (picked,) + tuple(args[1:]), kwargs
+
+        handle = model.blocks[n_layers - 1].mlp.register_forward_pre_hook(query_rows_only, with_kwargs=True)
+    try:
+        for layer in range(start, n_layers):
+            args, kwargs = recorder.calls[layer]
+            args = _fit_batch(args, rows, index, repeat)
+            kwargs = {key: _fit_batch(value, rows, index, repeat) for key, value in kwargs.items()}
+            out = model.blocks[layer](x, *args, **kwargs)
+            x = out[0] if isinstance(out, tuple) else out
+    finally:
+        if handle is not None:
+            handle.remove()
+    picked = x[rows_index, query_pos][:, None, :]  # [row, 1, d_model]
     logits = model.unembed(model.ln_final(picked))
     return logits[:, 0, :]
+
+
+def _adds_attention_to_residual(model: Any, layer: int) -> bool:
+    """Whether block `layer` is out = x + attn(x) + mlp(x) (TransformerLens's ParallelBlockBridge)."""
+    return isinstance(model.blocks[layer], ParallelBlockBridge)
+
+
+def _head_change(weights: torch.Tensor, z: torch.Tensor, chunk: Sequence[Ablation], layer: int, rows: int,
+                 means: dict[str, torch.Tensor] | None) -> torch.Tensor:
+    """What ablating `chunk`'s heads at `layer` adds to that block's output: [cond*row, pos, d_model].
+
+    weights: W_O of the layer [head, d_head, d_model]; z: the clean hook_z [row, pos, head, d_head].
+    Each condition's ablated heads change by (replacement - z), replacement 0 or the clean mean.
+    """
+    n_heads = int(z.shape[2])
+    mask = _head_mask_rows(chunk, layer, n_heads, rows, z.device)  # [cond*row, head]
+    z_rows = z.repeat(len(chunk), 1, 1, 1)  # [cond*row, pos, head, d_head]
+    if mask is None:
+        return torch.zeros(z_rows.shape[0], z_rows.shape[1], weights.shape[-1], dtype=z.dtype, device=z.device)
+    if chunk[0].mode == "mean":
+        replacement = _need_mean(means, hook_name("z", layer))[None, : z.shape[1]].to(z.dtype)
+    else:
+        replacement = torch.zeros((), dtype=z.dtype, device=z.device)
+    change = torch.where(mask[:, None, :, None], replacement - z_rows, torch.zeros((), dtype=z.dtype, device=z.device))
+    return torch.einsum("rphd,hdm->rpm", change, weights.to(z.dtype))
 
 
 def _replay_tolerance(model: Any) -> float:
@@ -326,6 +396,38 @@ def _auto_chunk(model: Any, rows: int, seq_len: int, n_conditions: int, full_log
         return 1
     per_condition = rows * forward_bytes(ForwardShape.of_model(model), seq_len, seq_len if full_logits else 1)
     return chunk_size_for(per_condition, n_conditions, memory_budget(device), "stacked ablation conditions")
+
+
+def _condition_logits(model: Any, rec: _Recorder, chunk: Sequence[Ablation], start: int, rows: int, query: torch.Tensor,
+                      means: dict[str, torch.Tensor] | None, n_rows: int | None = None,
+                      start_weights: torch.Tensor | None = None, last_mlp_at_query: bool = False) -> torch.Tensor:
+    """One stacked forward of `chunk` from the clean run `rec` recorded on `rows` examples: logits at
+    the query positions [cond*n_rows, vocab], condition-major (n_rows: the first n_rows examples only).
+
+    start_weights: W_O of layer `start` [head, d_head, d_model] to skip replaying that layer
+    (parallel-residual blocks: the clean output plus _head_change); last_mlp_at_query: see _run_tail.
+    """
+    n_layers = len(model.blocks)
+    n_rows = rows if n_rows is None else n_rows
+    index = None if n_rows == rows else torch.arange(n_rows, device=query.device)
+    reps = len(chunk)
+    hooks = _ablation_hooks(model, chunk, n_rows, means, query.device) if not all(a.is_empty for a in chunk) else []
+    if start_weights is not None:
+        first = start + 1
+        resid = rec.resid_before(first)[:n_rows].repeat(reps, 1, 1)  # [cond*row, pos, d_model]
+        resid = resid + _head_change(start_weights, rec.z[start][:n_rows], chunk, start, n_rows, means)
+    else:
+        first = start
+        resid = rec.resid_before(start)[:n_rows].repeat(reps, 1, 1)
+    last_mlp_at_query = last_mlp_at_query and not any(n_layers - 1 in a.mlp_layers for a in chunk)
+    with model.hooks(fwd_hooks=hooks):
+        return _run_tail(model, rec, first, resid, rows, index, reps, query[:n_rows].repeat(reps), last_mlp_at_query)
+
+
+def _differs(got: torch.Tensor, want: torch.Tensor, model: Any) -> bool:
+    """Whether two logit tensors differ by more than the replay tolerance (relative to want's scale)."""
+    scale = 1.0 + float(want.abs().max())
+    return float((got.float() - want.float()).abs().max()) > _replay_tolerance(model) * scale
 
 
 @torch.no_grad()
@@ -372,7 +474,10 @@ def run_conditions(
     for i in order:
         groups.setdefault((conditions[i].start_layer(n_layers), conditions[i].mode), []).append(i)
     first_start = min([key[0] for key in groups] or [n_layers])
-    n_kept = 1 + (len({start for start, _ in groups if start < n_layers}) if strategy != "full" else 0)
+    starts = sorted({start for start, _ in groups if start < n_layers}) if strategy != "full" else []
+    # parallel-residual start layers are skipped: their clean output and z are kept instead
+    shortcut_starts = [start for start in starts if _adds_attention_to_residual(model, start)]
+    n_kept = 1 + len(starts) + 2 * len(shortcut_starts)
     ex_size = int(example_batch_size or _auto_example_batch(model, n, seq_len, n_kept, device))
     if ex_size < 1:
         raise HeadLabError("example_batch_size must be at least 1.")
@@ -383,6 +488,8 @@ def run_conditions(
     clean_parts: list[dict[str, torch.Tensor]] = []
     cond_parts: list[list[dict[str, torch.Tensor]]] = [[] for _ in conditions]
     use_prefix = strategy != "full"
+    last_mlp_at_query = use_prefix
+    output_weights = head_output_weights(model) if shortcut_starts else None  # [layer, head, d_head, d_model]
 
     def check_cancel() -> None:
         if cancel is not None and cancel():
@@ -398,7 +505,8 @@ def run_conditions(
             tokens = tokens_all[lo:hi].to(device)
             query, target = query_all[lo:hi], target_all[lo:hi]
             rows = hi - lo
-            with _Recorder(model, first_start if use_prefix else n_layers, [key[0] for key in groups]) as rec:
+            keep = starts + [start + 1 for start in shortcut_starts]
+            with _Recorder(model, first_start if use_prefix else n_layers, keep, shortcut_starts if use_prefix else ()) as rec:
                 logits = model(tokens)  # [row, pos, vocab]
             clean_q = logits[torch.arange(rows, device=device), query]  # [row, vocab]
             del logits
@@ -408,16 +516,32 @@ def run_conditions(
                 progress(done, total)
 
             if use_prefix and c_index == 0 and strategy == "auto" and conditions:
-                # Self-check: replaying the recorded blocks must give the clean logits back.
+                # Self-checks on a few rows: the replay gives the clean logits back (with, else without,
+                # the last MLP at the query rows); skipping a start layer gives what replaying it gives.
                 probe = min(rows, 8)
-                index = torch.arange(probe, device=device)
-                start = first_start
-                resid = rec.inputs[start][:probe] if start < n_layers else rec.final[:probe]
-                replay = _run_tail(model, rec, start, resid.clone(), rows, index, 1, query[:probe])
-                scale = 1.0 + float(clean_q[:probe].abs().max())
-                if float((replay.float() - clean_q[:probe].float()).abs().max()) > _replay_tolerance(model) * scale:
-                    use_prefix = False
-                    notes.append("prefix reuse did not reproduce the clean logits for this model; every condition ran a full forward instead.")
+                clean_chunk = [Ablation()]
+
+                def replay_differs(at_query: bool) -> bool:
+                    try:
+                        replay = _condition_logits(model, rec, clean_chunk, first_start, rows, query, means, probe,
+                                                   last_mlp_at_query=at_query)
+                    except RuntimeError:  # a block that cannot take the query rows alone
+                        return True
+                    return _differs(replay, clean_q[:probe], model)
+
+                if replay_differs(True):
+                    last_mlp_at_query = False
+                    if replay_differs(False):
+                        use_prefix = False
+                        notes.append("prefix reuse did not reproduce the clean logits for this model; every condition ran a full forward instead.")
+                heads_only = [(start, conditions[i]) for (start, _), members in groups.items() if start in shortcut_starts
+                              for i in members if start not in conditions[i].mlp_layers]
+                if use_prefix and heads_only:
+                    start, ablation = heads_only[0]
+                    skipped = _condition_logits(model, rec, [ablation], start, rows, query, means, 2, output_weights[start])
+                    if _differs(skipped, _condition_logits(model, rec, [ablation], start, rows, query, means, 2), model):
+                        shortcut_starts = []
+                        notes.append("skipping the lowest ablated layer did not match replaying it; every start layer was replayed.")
 
             for (start, mode), members in groups.items():
                 size = int(chunk_size or _auto_chunk(model, rows, seq_len, len(members), not use_prefix, device))
@@ -425,14 +549,14 @@ def run_conditions(
                     check_cancel()
                     chunk = [conditions[i] for i in members[k : k + size]]
                     reps = len(chunk)
-                    hooks = _ablation_hooks(model, chunk, rows, means, device) if not all(a.is_empty for a in chunk) else []
-                    query_rep = query.repeat(reps)
                     if use_prefix:
-                        resid = rec.inputs[start] if start < n_layers else rec.final
-                        resid = resid.repeat(reps, 1, 1)  # [cond*row, pos, d_model]
-                        with model.hooks(fwd_hooks=hooks):
-                            out_q = _run_tail(model, rec, start, resid, rows, None, reps, query_rep)
+                        skip_start = start in shortcut_starts and not any(start in a.mlp_layers for a in chunk)
+                        out_q = _condition_logits(model, rec, chunk, start, rows, query, means,
+                                                  start_weights=output_weights[start] if skip_start else None,
+                                                  last_mlp_at_query=last_mlp_at_query)
                     else:
+                        hooks = _ablation_hooks(model, chunk, rows, means, device) if not all(a.is_empty for a in chunk) else []
+                        query_rep = query.repeat(reps)
                         out = model.run_with_hooks(tokens.repeat(reps, 1), fwd_hooks=hooks)
                         out_q = out[torch.arange(rows * reps, device=device), query_rep]
                         del out
@@ -449,6 +573,11 @@ def run_conditions(
             "prefix reuse: the clean residual stream entering each condition's lowest ablated layer was reused; "
             "only the blocks from there on were recomputed."
         )
+        if last_mlp_at_query:
+            notes.append("the last block's MLP ran at the query positions only.")
+        if shortcut_starts:
+            notes.append("parallel-residual start layers were not replayed: the clean block output plus the ablated "
+                         "heads' change through W_O was used.")
 
     def gather(parts: list[dict[str, torch.Tensor]], label: str, ablation: Ablation | None) -> ConditionMetrics:
         arrays = {name: torch.cat([p[name] for p in parts]).double().cpu().numpy() for name in METRICS}

@@ -183,9 +183,11 @@ def test_prefix_reuse_equals_full_recomputation_and_skips_lower_blocks(tiny):
     _assert_same(clean_p, {m: clean_f.values(m) for m in ("loss", "top1", "top5", "target_logit")})
     for a, b in zip(prefix, full):
         _assert_same(a, {m: b.values(m) for m in ("loss", "top1", "top5", "target_logit")})
-    # clean forward + the mean pre-pass + one condition starting at layer 0; the others start higher
-    assert counted[0] == 3
-    assert counted[2] == 2 + len(conditions)
+    # Block 0 runs in the clean forward and the mean pre-pass only: the one condition starting there
+    # ablates heads alone, so this parallel-residual layer is skipped (its clean output + the heads' change).
+    assert counted[0] == 2
+    # Block 2: clean + mean pass + every condition but the first, which skips its own start layer 2.
+    assert counted[2] == 2 + len(conditions) - 1
 
 
 @pytest.mark.parametrize("family", ["llama", "olmoe", "hhg", "gpt_neox_norotary"])
@@ -202,8 +204,26 @@ def test_prefix_reuse_across_architectures(family, tmp_path):
     _, prefix = run_conditions(model, batch, conditions, chunk_size=2, notes=notes)
     _, full = run_conditions(model, batch, conditions, strategy="full")
     assert any(note.startswith("prefix reuse:") for note in notes)
+    assert any(note.startswith("the last block's MLP ran at the query positions only") for note in notes)
+    # only parallel-residual blocks (gpt_neox here) skip a start layer; sequential ones (hhg, llama) replay it
+    skipped = any(note.startswith("parallel-residual start layers were not replayed") for note in notes)
+    assert skipped == (family == "gpt_neox_norotary")
     for a, b in zip(prefix, full):
         _assert_same(a, {m: b.values(m) for m in ("loss", "top1", "top5", "target_logit")})
+
+
+def test_head_change_is_the_ablated_heads_through_w_o():
+    """_head_change on hand-made numbers: 2 heads of size 1, d_model 2, zero and mean replacement."""
+    weights = torch.tensor([[[1.0, 0.0]], [[0.0, 2.0]]])  # [head, d_head, d_model]: head 0 -> x, head 1 -> 2y
+    z = torch.tensor([[[[3.0], [5.0]]]])  # [row=1, pos=1, head=2, d_head=1]
+    chunk = [Ablation(HeadSet(((0, 1),))), Ablation(HeadSet(((0, 0), (0, 1))))]
+    change = ablation_module._head_change(weights, z, chunk, 0, 1, None)
+    # condition 0 zeroes head 1: -5 * 2y; condition 1 zeroes both: -3x - 10y
+    assert torch.equal(change, torch.tensor([[[0.0, -10.0]], [[-3.0, -10.0]]]))
+    means = {"blocks.0.attn.hook_z": torch.tensor([[[1.0], [4.0]]])}  # [pos, head, d_head]
+    mean_chunk = [Ablation(HeadSet(((0, 1),)), mode="mean")]
+    change = ablation_module._head_change(weights, z, mean_chunk, 0, 1, means)
+    assert torch.equal(change, torch.tensor([[[0.0, -2.0]]]))  # (4 - 5) * 2y
 
 
 def test_failed_self_check_falls_back_to_full_forwards(tiny, monkeypatch):
