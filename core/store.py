@@ -153,6 +153,11 @@ def _discard_corrupt(key: str, folder: Path, reason: str) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
+def has_entry(key: str) -> bool:
+    """Whether an entry is in place: entries appear whole, by an atomic rename (a corrupt one is caught by load_entry)."""
+    return entry_path(key).is_dir()
+
+
 def load_entry(key: str) -> Optional[tuple[dict[str, torch.Tensor], dict]]:
     """(tensors, meta) of the entry, or None when absent or corrupt (a corrupt one is reported and removed)."""
     folder = entry_path(key)

@@ -50,3 +50,20 @@ def quick_zoo() -> Path:
 
 def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_SESSION_HOME, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """A real local Ray instance on 2 CPUs for one test module (no dashboard); shut down after it.
+
+    RayExecutor() (no address) then uses it instead of starting its own."""
+    import ray  # only the Ray tests need it
+
+    from core.executor import worker_environment
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": worker_environment()})
+    try:
+        yield ray
+    finally:
+        ray.shutdown()

@@ -1,4 +1,5 @@
-"""`python -m core probe`: fill the HeadStats cache for one or every checkpoint, and the probe flags every command shares."""
+"""`python -m core probe`: fill the HeadStats cache for one or every checkpoint of one or more models (serial or
+on Ray), and the probe flags every command shares."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import argparse
 from tqdm import tqdm
 
 from core.errors import HeadLabError
-from core.model.loading import DEFAULT_DTYPE, DTYPES, load_config
+from core.cli.backend import add_backend_arguments, executor_from_args
+from core.executor import tqdm_progress
+from core.model.loading import DEFAULT_DTYPE, DTYPES
 from core.model.refs import ModelRef, list_checkpoints, resolve_checkpoint
-from core.probe import HEADSTATS_VERSION, check_probe_fits, head_stats, head_stats_key
+from core.pipelines.sweep import SweepItem, probe_sweep
+from core.probe import HEADSTATS_VERSION
 from core.tasks.specs import TASKS, ProbeSpec, probe_spec
 
 
@@ -38,45 +42,33 @@ def probe_spec_from_args(args: argparse.Namespace) -> ProbeSpec:
 
 
 def add_probe_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="zoo name, local Hugging Face folder or hub name")
+    parser.add_argument("model", nargs="+", help="zoo name, local Hugging Face folder or hub name (several: one sweep)")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--revision", default=None, help="one checkpoint (default: the final one)")
-    which.add_argument("--all-checkpoints", action="store_true", help="every checkpoint of the model")
+    which.add_argument("--all-checkpoints", action="store_true", help="every checkpoint of each model")
     add_probe_spec_arguments(parser)
     parser.add_argument("--chunk-size", type=int, default=None,
                         help="examples per forward (default: as many as fit in the free memory)")
+    add_backend_arguments(parser)
 
 
 def cli_probe(args: argparse.Namespace) -> dict:
-    """Fill the HeadStats cache for one or all checkpoints, with a progress bar; returns what each one did."""
-    ref = ModelRef.parse(args.model)
-    if args.all_checkpoints:
-        checkpoints = list_checkpoints(ref)
-    else:
-        checkpoints = [resolve_checkpoint(ref, args.revision)]
-    if not checkpoints:
-        raise HeadLabError(f"model {ref} lists no checkpoints; train it or pick another model.")
+    """Fill the HeadStats cache for one or all checkpoints of each model, one task per checkpoint not
+    cached yet (on --backend), with a progress bar over tasks; returns what each checkpoint did."""
+    refs = [ModelRef.parse(name) for name in args.model]
+    items = []
+    for ref in refs:
+        checkpoints = list_checkpoints(ref) if args.all_checkpoints else [resolve_checkpoint(ref, args.revision)]
+        if not checkpoints:
+            raise HeadLabError(f"model {ref} lists no checkpoints; train it or pick another model.")
+        items += [SweepItem(ref, checkpoint) for checkpoint in checkpoints]
     spec = probe_spec_from_args(args)
-    check_probe_fits(spec, load_config(ref, checkpoints[-1].revision))
-    batch = spec.build()
-    spec_json = dict(batch.spec)
-
-    rows = []
-    bar = tqdm(total=len(checkpoints) * batch.n_examples, unit="seq", desc=str(ref.name)[-30:])
-    try:
-        for ckpt in checkpoints:
-            bar.set_postfix_str(ckpt.revision)
-            status: list[str] = []
-            head_stats(ref, ckpt, batch, device=args.device, chunk_size=args.chunk_size, progress=bar.update,
-                       on_status=status.append, dtype=args.dtype)
-            if status[0] == "cached":
-                bar.update(batch.n_examples)
-                tqdm.write(f"{ckpt.revision}: cached")
-            rows.append({
-                "revision": ckpt.revision, "step": ckpt.step, "tokens": ckpt.tokens, "status": status[0],
-                "key": head_stats_key(ref, ckpt.revision, spec_json, args.dtype),
-            })
-    finally:
-        bar.close()
-    return {"model": str(ref), "task": args.task, "probe_spec": spec_json, "code_version": HEADSTATS_VERSION,
-            "dtype": args.dtype, "checkpoints": rows}
+    executor = executor_from_args(args)
+    with tqdm(total=len(items), unit="checkpoint", desc=f"probe ({executor.describe()})") as bar:
+        rows = probe_sweep(items, spec, executor, device=args.device, dtype=args.dtype, chunk_size=args.chunk_size,
+                           progress=tqdm_progress(bar))
+    for row in rows:
+        tqdm.write(f"{row['model']} {row['revision']}: {row['status']}")
+    return {"model": str(refs[0]), "models": [str(ref) for ref in refs], "task": args.task,
+            "probe_spec": dict(spec.build().spec), "code_version": HEADSTATS_VERSION, "dtype": args.dtype,
+            "backend": args.backend, "checkpoints": rows}

@@ -11,6 +11,7 @@ import argparse
 from tqdm import tqdm
 
 from core.ablation.study import AblationSettings, summarize_ablation
+from core.cli.backend import add_backend_arguments, executor_from_args
 from core.cli.probe import add_probe_spec_arguments, probe_spec_from_args
 from core.heads import parse_heads
 from core.model.loading import load_config
@@ -23,6 +24,7 @@ from core.stats.spectral import DEFAULT_DEFINITION, DEFAULT_RULE
 def add_screen_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="zoo name, local Hugging Face folder or hub name")
     add_probe_spec_arguments(parser)
+    add_backend_arguments(parser)
     parser.add_argument("--k", type=float, default=0.18, help="top-K: a count (>= 1) or a fraction (default 0.18)")
     parser.add_argument("--pr", choices=("entropy", "classic"), default=DEFAULT_DEFINITION,
                         help="PR definition (default: entropy effective rank, the reference code's)")
@@ -51,7 +53,7 @@ def cli_screen(args: argparse.Namespace) -> dict:
 
     try:
         report = screen(ref, probe_spec_from_args(args), settings, device=args.device, progress=progress,
-                        dtype=args.dtype)
+                        dtype=args.dtype, executor=executor_from_args(args))
     finally:
         bar.close()
     out = report.to_json()
@@ -122,12 +124,13 @@ def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=("zero", "mean"), default="zero")
     parser.add_argument("--control-seed", type=int, default=123)
     add_probe_spec_arguments(parser)
+    add_backend_arguments(parser)
 
 
 def cli_recipe(args: argparse.Namespace) -> dict:
     ref = ModelRef.parse(args.model)
     out = run_recipe(ref, probe_spec_from_args(args), args.controls, args.mode, args.control_seed, args.device,
-                     progress=lambda text: print(f"... {text}"), dtype=args.dtype)
+                     progress=lambda text: print(f"... {text}"), dtype=args.dtype, executor=executor_from_args(args))
     screen_out = out["screen"]
     print(f"candidate circuit: {', '.join(screen_out['candidate_circuit']) or 'none'}")
     if "candidate" in out:

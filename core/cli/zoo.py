@@ -13,12 +13,13 @@ from pathlib import Path
 
 import torch
 
+from core.cli.backend import add_backend_arguments, executor_from_args
 from core.tasks.sequences import SEQ_VOCAB_SIZE
 from core.tasks.vocab import BYTE_VOCAB_SIZE
 from core.workspace import zoo_dir
 from core.zoo.config import FAMILIES, SEQUENCE_TASKS, TASKS
 from core.zoo.hub_cache import REVISION_STYLES, write_hub_cache
-from core.zoo.presets import ZOO_PRESETS, estimate_zoo, task_recipe, train_zoo, zoo_record
+from core.zoo.presets import ZOO_PRESETS, check_threads_per_model, estimate_zoo, task_recipe, train_zoo, zoo_record
 from core.zoo.train import train_model
 
 HUB_FIXTURE_MODEL = "induction-neox"  # the zoo model --as-hub writes unless --model says otherwise
@@ -64,6 +65,10 @@ def add_zoo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=HUB_FIXTURE_MODEL, help="with --as-hub: the zoo model to write")
     parser.add_argument("--revision-names", choices=REVISION_STYLES, default="pythia",
                         help="with --as-hub: branch names step{N} (Pythia) or step{N}-tokens{X}B (OLMo)")
+    add_backend_arguments(parser)
+    parser.add_argument("--threads-per-model", type=int, default=None, metavar="N",
+                        help="torch threads (and CPUs reserved) per model, the same on every backend: the same count "
+                             "gives bit-identical weights (default with --backend ray: 1; serial: the thread policy's, at most 2)")
 
 
 def cli_zoo(args: argparse.Namespace) -> dict | list:
@@ -75,7 +80,12 @@ def cli_zoo(args: argparse.Namespace) -> dict | list:
         print(f"{record['model']} -> hub model {record['repo_id']} in {record['repo_folder']}: "
               + ", ".join(c["revision"] for c in record["checkpoints"]) + " (main = the last)")
         return record
-    records = train_zoo(args.preset, progress=not args.no_progress, only=args.only)
+    check_threads_per_model(args.threads_per_model)  # before a Ray cluster starts
+    executor = executor_from_args(args)  # also refuses --address without --backend ray
+    # serial: train_zoo's own loop (a bar per model; the thread policy's count unless --threads-per-model)
+    records = train_zoo(args.preset, progress=not args.no_progress, only=args.only,
+                        executor=None if executor.backend == "serial" else executor,
+                        threads_per_model=args.threads_per_model)
     for r in records:
         figures = {k: r[k] for k in ("induction_loss", "train_accuracy", "marker_accuracy") if k in r}
         print(f"{r['name']}: {r['family']} {r['n_layers']}x{r['n_heads']}, {r['checkpoints']} checkpoints, "

@@ -212,3 +212,27 @@ def lean_forward(model: Any) -> Iterator[None]:
 
 def _drop_pattern(module: Any, args: Any, output: Any) -> None:
     module._pattern = None
+
+
+# ------------------------------------------------------------------------------ one task's share of a cluster
+
+GPU_SHARE_STEP = 0.125  # GPU fractions come in eighths: up to 8 small models share one GPU
+
+
+def task_resources(config: Any, dtype: torch.dtype, device: str | torch.device, gpu_bytes: int | None = None) -> tuple[float, float]:
+    """(num_cpus, num_gpus) one model's task reserves on a Ray cluster (core/executor.py).
+
+    CPU: one core; the task runs one torch thread, so tasks never oversubscribe the cores Ray counts.
+    CUDA: the fraction of one GPU the model's estimate (weights, margin) takes, rounded up to an
+    eighth, at least an eighth and at most one; with no GPU visible here (a cluster's head node),
+    a whole one. gpu_bytes: one GPU's memory (default: read from the first GPU).
+    """
+    if torch.device(device).type != "cuda":
+        return 1.0, 0.0
+    if gpu_bytes is None:
+        if not torch.cuda.is_available():
+            return 1.0, 1.0
+        gpu_bytes = int(torch.cuda.get_device_properties(0).total_memory)
+    share = estimate_memory_bytes(config, dtype) / max(1, int(gpu_bytes))
+    steps = max(1, -(-share // GPU_SHARE_STEP))
+    return 1.0, float(min(1.0, steps * GPU_SHARE_STEP))

@@ -31,10 +31,12 @@ import numpy as np
 
 from core.ablation.study import AblationSettings, ablation_study
 from core.errors import HeadLabError
+from core.executor import Executor
 from core.heads import Head, HeadSet, parse_heads
 from core.model.loading import DEFAULT_DTYPE, dtype_name, load_config, load_model
 from core.model.refs import list_checkpoints, read_manifest
 from core.pipelines.recipe import scaled_induction_threshold, screen_checkpoint
+from core.pipelines.sweep import SweepItem, probe_sweep
 from core.probe import check_probe_fits, head_stats
 from core.stats.dynamics import (
     DEFAULT_MARGIN,
@@ -118,11 +120,15 @@ def _induction_spec(spec: Any) -> None:
 
 def training_trajectories(ref: Any, spec: Any, definition: str = "entropy", induction_threshold: Optional[float] = None,
                           device: str = "cpu", progress: Optional[ProgressFn] = None,
-                          dtype: str = DEFAULT_DTYPE) -> Trajectories:
-    """PR and membership selectivity of every head at every checkpoint (one cached pass per checkpoint, in `dtype`)."""
+                          dtype: str = DEFAULT_DTYPE, executor: Optional[Executor] = None) -> Trajectories:
+    """PR and membership selectivity of every head at every checkpoint (one cached pass per checkpoint, in `dtype`).
+
+    executor: when given, the passes the cache lacks run first as one sweep on it."""
     _induction_spec(spec)
     checkpoints = list_checkpoints(ref)
     check_probe_fits(spec, load_config(ref, checkpoints[-1].revision))
+    if executor is not None:
+        probe_sweep([SweepItem(ref, c) for c in checkpoints], spec, executor, device=device, dtype=dtype)
     batch = spec.build()
     threshold = scaled_induction_threshold(batch.query_pos) if induction_threshold is None else float(induction_threshold)
     pr, member = [], []

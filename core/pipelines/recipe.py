@@ -16,9 +16,11 @@ import numpy as np
 
 from core.ablation.study import AblationSettings, ablation_study, summarize_ablation
 from core.errors import HeadLabError
+from core.executor import Executor
 from core.heads import HeadSet, head_name
 from core.model.loading import DEFAULT_DTYPE, load_config, load_model
 from core.model.refs import Checkpoint, ModelRef, list_checkpoints, resolve_checkpoint
+from core.pipelines.sweep import SweepItem, probe_sweep
 from core.probe import HeadStats, check_probe_fits, head_stats
 from core.results import JsonResult
 from core.stats.selectivity import BASELINE_KINDS, CLASS_THRESHOLD, INDUCTION_THRESHOLD, ScreenResult, selectivity
@@ -154,14 +156,18 @@ class ScreenSettings(JsonResult):
 
 
 def screen(ref: ModelRef, spec: ProbeSpec, settings: ScreenSettings = ScreenSettings(), device: str = "cpu",
-           progress: Optional[Callable[[int, int, str], None]] = None, dtype: str = DEFAULT_DTYPE) -> ScreenReport:
+           progress: Optional[Callable[[int, int, str], None]] = None, dtype: str = DEFAULT_DTYPE,
+           executor: Optional[Executor] = None) -> ScreenReport:
     """Steps 1-2 over every checkpoint of `ref`. progress(done, total, revision) after each one.
 
     device, dtype: where and in which precision a checkpoint without cached statistics runs.
+    executor: when given, the passes the cache lacks run first as one sweep on it (core/pipelines/sweep.py).
     """
     s = settings
     checkpoints = tuple(list_checkpoints(ref))
     check_probe_fits(spec, load_config(ref, checkpoints[-1].revision))
+    if executor is not None:
+        probe_sweep([SweepItem(ref, c) for c in checkpoints], spec, executor, device=device, dtype=dtype)
     batch = spec.build()
     induction_threshold = s.induction_threshold
     if induction_threshold is None:
@@ -214,13 +220,14 @@ def ablate(ref: ModelRef, revision: Optional[str], selection: HeadSet, spec: Pro
 
 
 def run_recipe(ref: ModelRef, spec: ProbeSpec, n_controls: int = 20, mode: str = "zero", seed: int = 123,
-               device: str = "cpu", progress: Optional[Callable[[str], None]] = None, dtype: str = DEFAULT_DTYPE) -> dict:
+               device: str = "cpu", progress: Optional[Callable[[str], None]] = None, dtype: str = DEFAULT_DTYPE,
+               executor: Optional[Executor] = None) -> dict:
     """Screen, take the candidate induction circuit, ablate it against matched-random draws and the
     upper bound; also ablate the previous-token circuit (composition: it feeds the induction heads),
-    chosen by the same membership rule as the induction circuit."""
+    chosen by the same membership rule as the induction circuit. executor: for the screen's passes."""
     say = progress or (lambda text: None)
     say("screening checkpoints")
-    report = screen(ref, spec, device=device, dtype=dtype)
+    report = screen(ref, spec, device=device, dtype=dtype, executor=executor)
     circuit = report.candidate_circuit
     out: dict[str, Any] = {"model": ref.name, "screen": report.to_json()}
     if len(circuit) == 0:

@@ -20,8 +20,10 @@ from dataclasses import replace
 from typing import Callable
 
 import torch
+from tqdm.auto import tqdm
 
 from core.errors import HeadLabError
+from core.executor import Executor, ProgressFn, SerialExecutor, SweepFailed, Task, tqdm_progress
 from core.threads import apply_thread_policy
 from core.workspace import zoo_dir
 from core.zoo.config import SEQUENCE_TASKS, ModelConfig, TrainConfig
@@ -212,20 +214,102 @@ def estimate_zoo(preset: str, only: str | None = None, print_fn: Callable[[str],
 _TYPICAL_SEQUENCE_STEPS = {"reverse": 800, "sort": 2500}
 
 
-def train_zoo(preset: str = "quick", progress: bool = True, only: str | None = None) -> list[dict]:
-    """Train every missing model of `preset` under zoo_dir() (resuming incomplete ones); return records."""
+def check_threads_per_model(threads_per_model: int | None) -> None:
+    """Refuse a per-model thread count below 1 before any model (or Ray cluster) starts."""
+    if threads_per_model is not None and int(threads_per_model) < 1:
+        raise HeadLabError(f"threads per model must be at least 1, got {threads_per_model}; "
+                           "pass --threads-per-model 1 or more, or leave it out.")
+
+
+def train_entry(name: str, model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
+    """One zoo model trained (or resumed) into zoo_dir()/name, without a per-step bar: an executor task.
+
+    Takes the configs rather than a preset name so that a Ray worker trains what the driver's
+    preset says (a worker imports its own copy of ZOO_PRESETS)."""
+    return zoo_record(train_model(name, model_cfg, train_cfg, zoo_dir() / name, progress=None))
+
+
+def _waves(todo: list[tuple[str, ModelConfig, TrainConfig]]) -> list[list[tuple[str, ModelConfig, TrainConfig]]]:
+    """The models to train in waves: a model continued from another one (init_from) still to train
+    runs in a wave after its parent's (the paper preset's induction-neox-shifted after induction-neox-s0)."""
+    waves, left = [], list(todo)
+    while left:
+        pending = {name for name, _, _ in left}
+        wave = [entry for entry in left if entry[2].init_from not in pending]
+        if not wave:
+            raise HeadLabError(f"the models {', '.join(sorted(pending))} continue from each other in a circle; "
+                               "fix their init_from.")
+        waves.append(wave)
+        left = [entry for entry in left if entry not in wave]
+    return waves
+
+
+def _train_on(executor: Executor, todo: list[tuple[str, ModelConfig, TrainConfig]], threads: int,
+              progress: ProgressFn | None) -> dict[str, dict]:
+    """Train `todo` as executor tasks, wave after wave; name -> record. A model whose parent failed is
+    not started; every failure is reported together (SweepFailed) after the rest has finished."""
+    records: dict[str, dict] = {}
+    failures: dict[str, str] = {}
+    done_before = 0
+    for wave in _waves(todo):
+        tasks = []
+        for name, model_cfg, train_cfg in wave:
+            if train_cfg.init_from in failures:
+                failures[name] = f"not started: the model it continues from, {train_cfg.init_from}, failed"
+            else:
+                tasks.append(Task(name=name, fn=train_entry, args=(name, model_cfg, train_cfg),
+                                  threads=threads, num_cpus=threads))
+
+        def wave_progress(done: int, total: int, failed: int, before: int = done_before) -> None:
+            progress(before + done, len(todo), len(failures) + failed)  # counted over every wave
+
+        try:
+            for index, record in executor.results(tasks, wave_progress if progress else None):
+                records[tasks[index].name] = record
+        except SweepFailed as error:
+            failures.update(error.failures)
+        done_before = len(records)
+    if failures:
+        raise SweepFailed(failures, len(todo))
+    return records
+
+
+def train_zoo(preset: str = "quick", progress: bool | Callable[[int, int, float], None] = True, only: str | None = None,
+              executor: Executor | None = None, threads_per_model: int | None = None) -> list[dict]:
+    """Train every missing model of `preset` under zoo_dir() (resuming incomplete ones); return records.
+
+    Without an executor, models train here one after another, each at the thread policy's count
+    (at most 2) with a per-step bar (or `progress` called per step). With one (SerialExecutor,
+    RayExecutor), each model still to train is one task at `threads_per_model` torch threads (default
+    1) reserving as many CPUs, so a Ray node never runs more threads than it has cores; one bar
+    counts models. The same thread count gives bit-identical checkpoints on either executor (a
+    resumed model keeps the count it started with: core/zoo/train.py).
+    """
+    check_threads_per_model(threads_per_model)
     entries = _preset(preset, only)
     if preset == "paper" and progress:
         estimate_zoo(preset, only)
-    records = []
+    if executor is None and threads_per_model is not None:
+        executor = SerialExecutor()  # a fixed count per model is what the executor path gives
+    records: dict[str, dict] = {}
+    todo = []
     for name, model_cfg, train_cfg in entries:
-        out_dir = zoo_dir() / name
-        manifest = read_manifest(out_dir, missing_ok=True)
-        if not (manifest and manifest.get("complete")):
+        manifest = read_manifest(zoo_dir() / name, missing_ok=True)
+        if manifest and manifest.get("complete"):
+            records[name] = zoo_record(manifest)
+        else:
+            todo.append((name, model_cfg, train_cfg))
+    if executor is None:
+        for name, model_cfg, train_cfg in todo:
             apply_thread_policy(ceiling=2)  # per model, for the load now; at most 2: the zoo's figures were made so
-            manifest = train_model(name, model_cfg, train_cfg, out_dir, progress=progress or None)
-        records.append(zoo_record(manifest))
-    return records
+            manifest = train_model(name, model_cfg, train_cfg, zoo_dir() / name, progress=progress or None)
+            records[name] = zoo_record(manifest)
+    elif todo:
+        threads = int(threads_per_model or 1)
+        with tqdm(total=len(todo), unit="model", desc=f"zoo {preset} ({executor.describe()})",
+                  disable=not progress) as bar:
+            records.update(_train_on(executor, todo, threads, tqdm_progress(bar) if progress else None))
+    return [records[name] for name, _, _ in entries]
 
 
 def preset_models(preset: str, kind: str) -> list[str]:

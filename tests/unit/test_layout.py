@@ -1,7 +1,7 @@
 """The code layout's rules (DESIGN.md), checked on the source itself so they cannot quietly erode.
 
 - imports run one way: pages & cli -> figures -> pipelines -> ablation & probe -> stats, model, zoo,
-  store -> tasks, heads, workspace -> errors, results; no cycle; core never imports pages or streamlit;
+  store -> tasks, heads, workspace, executor -> errors, results; no cycle; core never imports pages or streamlit;
 - imports sit at module top, except a heavy optional import whose reason is written beside it;
 - no module in core/ over 600 lines unless its docstring says why ("Long because ...");
 - no function with more than 10 parameters (wide signatures take a settings dataclass).
@@ -22,7 +22,7 @@ MAX_PARAMETERS = 10
 # Lower number = lower layer; a module may import its own layer or any lower one.
 LAYERS = [
     ("core.errors", 0), ("core.results", 0), ("core.threads", 0),
-    ("core.tasks", 1), ("core.heads", 1), ("core.workspace", 1),
+    ("core.tasks", 1), ("core.heads", 1), ("core.workspace", 1), ("core.executor", 1),
     ("core.stats", 2), ("core.model", 2), ("core.zoo", 2), ("core.store", 2),
     ("core.ablation", 3), ("core.probe", 3),
     ("core.pipelines", 4),

@@ -1,0 +1,238 @@
+"""Many independent pieces of work, run one after another here (`serial`) or spread over a Ray cluster (`ray`).
+
+A researcher's sweeps are many independent tasks: every checkpoint of a model, every model of a
+zoo, every matched-random ablation draw. Each is a `Task`: a module-level function and small
+arguments (keys, specs, names: never a model), its resources, and the torch thread count it runs
+with. Both backends run a task the same way (`run_task`: threads set, function called), so the same
+tasks give bit-identical results on both. Results that matter go through the content-addressed
+cache (core/store.py) inside the task, so an interrupted sweep resumes and a finished one is free.
+
+A task that raises or whose worker dies is retried once; a task that fails twice is reported by
+name when the others have finished (`SweepFailed`), never dropped. Ray is imported only by the
+`ray` backend's constructor users reach through `make_executor`, so the serial path needs nothing
+new; the Ray package itself is pinned in requirements.txt.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import torch
+
+from core.errors import HeadLabError
+
+BACKENDS = ("serial", "ray")
+RETRIES = 1  # a failed task runs once more before it is reported
+# Environment a Ray worker needs to see the same caches and zoo as the driver.
+_FORWARDED_ENV_PREFIXES = ("HEADLAB_", "HF_", "TRANSFORMERS_")
+ProgressFn = Callable[[int, int, int], None]  # (done, total, failed)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One independent piece of work: `fn(*args, **kwargs)` with `threads` torch threads.
+
+    fn must be importable by name (module-level) so a Ray worker can run it; args should be small
+    (keys, specs): workers load what they need themselves.
+    num_cpus / num_gpus: what the task reserves on a Ray cluster (fractions allowed for GPUs).
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    args: tuple = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        if int(self.threads) < 1:
+            raise HeadLabError(f"task {self.name!r}: threads must be at least 1, got {self.threads}.")
+        if self.num_cpus < 0 or self.num_gpus < 0:
+            raise HeadLabError(f"task {self.name!r}: num_cpus and num_gpus cannot be negative.")
+
+
+class SweepFailed(HeadLabError):
+    """Some tasks failed twice; `failures` maps task name -> the last error's text. Finished tasks' results stand."""
+
+    def __init__(self, failures: dict[str, str], total: int):
+        self.failures = dict(failures)
+        lines = "; ".join(f"{name}: {error.strip().splitlines()[-1] if error.strip() else 'failed'}"
+                          for name, error in failures.items())
+        super().__init__(f"{len(failures)} of {total} tasks failed after a retry ({lines}). The others finished and "
+                         "their results are cached: fix the cause and run the same command again to do only these.")
+
+
+def run_task(fn: Callable[..., Any], args: tuple, kwargs: Mapping[str, Any], threads: int,
+             env: Mapping[str, str] | None = None) -> Any:
+    """Run one task with `threads` torch threads and the driver's HEADLAB_* variables `env` (where its
+    caches and zoo are, read when the task was submitted); both are restored afterwards, since a
+    worker process (or the serial backend's own process) runs many tasks."""
+    before = torch.get_num_threads()
+    saved = {key: os.environ.get(key) for key in (env or {})}
+    os.environ.update(env or {})
+    torch.set_num_threads(int(threads))
+    try:
+        return fn(*args, **dict(kwargs))
+    finally:
+        torch.set_num_threads(before)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+class Executor:
+    """Runs tasks; `results` yields (task index, result) as each finishes, `run` returns them in order."""
+
+    backend = "base"
+
+    def results(self, tasks: Sequence[Task], progress: ProgressFn | None = None) -> Iterator[tuple[int, Any]]:
+        raise NotImplementedError
+
+    def run(self, tasks: Sequence[Task], progress: ProgressFn | None = None) -> list[Any]:
+        """Every task's result, in task order; SweepFailed (after all others finished) if any failed twice."""
+        out: list[Any] = [None] * len(tasks)
+        for index, result in self.results(tasks, progress):
+            out[index] = result
+        return out
+
+    def describe(self) -> str:
+        return self.backend
+
+
+class SerialExecutor(Executor):
+    """One task after another in this process: what the app, CI and a laptop use."""
+
+    backend = "serial"
+
+    def results(self, tasks: Sequence[Task], progress: ProgressFn | None = None) -> Iterator[tuple[int, Any]]:
+        failures: dict[str, str] = {}
+        done = 0
+        for index, task in enumerate(tasks):
+            for attempt in range(RETRIES + 1):
+                try:
+                    result = run_task(task.fn, task.args, task.kwargs, task.threads)
+                except (KeyboardInterrupt, SystemExit):
+                    raise
+                except Exception:  # noqa: BLE001 - any failure is retried once, then reported by name
+                    if attempt == RETRIES:
+                        failures[task.name] = traceback.format_exc()
+                    continue
+                done += 1
+                if progress:
+                    progress(done, len(tasks), len(failures))
+                yield index, result
+                break
+            else:
+                if progress:
+                    progress(done, len(tasks), len(failures))
+        if failures:
+            raise SweepFailed(failures, len(tasks))
+
+
+def _project_root() -> str:
+    return str(Path(__file__).resolve().parent.parent)
+
+
+def headlab_environment() -> dict[str, str]:
+    """The driver's HEADLAB_* variables now (HEADLAB_HOME: where caches and the zoo live), sent with every Ray task."""
+    return {key: value for key, value in os.environ.items() if key.startswith("HEADLAB_")}
+
+
+def worker_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What a Ray worker process starts with: HEADLAB_*, HF_* and TRANSFORMERS_* variables (the Hugging
+    Face libraries read theirs once, at import) and this checkout on PYTHONPATH."""
+    env = os.environ if env is None else env
+    out = {key: value for key, value in env.items() if key.startswith(_FORWARDED_ENV_PREFIXES)}
+    paths = [_project_root()] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    out["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    return out
+
+
+class RayExecutor(Executor):
+    """Tasks spread over a Ray cluster: a local one started here (address None), or an existing one
+    (`auto` for the cluster this machine belongs to, or HOST:PORT)."""
+
+    backend = "ray"
+
+    def __init__(self, address: str | None = None, num_cpus: int | None = None):
+        try:
+            import ray  # only the ray backend needs it (the package is pinned in requirements.txt)
+        except ImportError as error:  # pragma: no cover - ray is a pinned dependency
+            raise HeadLabError("the ray backend needs Ray: pip install -r requirements.txt.") from error
+        self.ray = ray
+        if not ray.is_initialized():
+            options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
+                                       "runtime_env": {"env_vars": worker_environment()}}
+            if address:
+                options["address"] = address
+            elif num_cpus is not None:
+                options["num_cpus"] = int(num_cpus)
+            try:
+                ray.init(**options)
+            except ConnectionError as error:
+                raise HeadLabError(f"could not reach a Ray cluster at {address!r}: start one with `ray start --head` "
+                                   "or drop --address to run a local one.") from error
+        self._remote = ray.remote(run_task)
+
+    def describe(self) -> str:
+        cpus = self.ray.cluster_resources().get("CPU", 0)
+        nodes = len([n for n in self.ray.nodes() if n.get("Alive")])
+        return f"ray ({nodes} node{'s' if nodes != 1 else ''}, {cpus:g} CPUs)"
+
+    def _submit(self, task: Task):
+        return self._remote.options(
+            name=task.name, num_cpus=task.num_cpus, num_gpus=task.num_gpus,
+            max_retries=RETRIES, retry_exceptions=True,
+        ).remote(task.fn, task.args, dict(task.kwargs), task.threads, headlab_environment())
+
+    def results(self, tasks: Sequence[Task], progress: ProgressFn | None = None) -> Iterator[tuple[int, Any]]:
+        ray = self.ray
+        pending = {self._submit(task): index for index, task in enumerate(tasks)}
+        failures: dict[str, str] = {}
+        done = 0
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            index = pending.pop(ready[0])
+            try:
+                result = ray.get(ready[0])
+            except ray.exceptions.RayError as error:  # raised twice (Ray retried once), or its worker died twice
+                failures[tasks[index].name] = str(error)
+                if progress:
+                    progress(done, len(tasks), len(failures))
+                continue
+            done += 1
+            if progress:
+                progress(done, len(tasks), len(failures))
+            yield index, result
+        if failures:
+            raise SweepFailed(failures, len(tasks))
+
+
+def make_executor(backend: str = "serial", address: str | None = None) -> Executor:
+    """The executor for --backend / the app's setting; `address` only with ray."""
+    if backend not in BACKENDS:
+        raise HeadLabError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}.")
+    if backend == "serial":
+        if address:
+            raise HeadLabError("--address needs --backend ray (the serial backend runs here).")
+        return SerialExecutor()
+    return RayExecutor(address)
+
+
+def tqdm_progress(bar: Any) -> ProgressFn:
+    """A progress function drawing the sweep on a tqdm bar: tasks done / total, failures in the postfix."""
+
+    def update(done: int, total: int, failed: int) -> None:
+        bar.total = total
+        bar.n = done
+        bar.set_postfix(failed=failed, refresh=False)
+        bar.refresh()
+
+    return update

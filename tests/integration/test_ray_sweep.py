@@ -1,0 +1,100 @@
+"""Probe sweeps on a real local Ray instance (2 CPUs, started once for this module): the same cache
+entries as the serial executor, a killed worker retried, an interrupted sweep resumed without
+recomputing what finished."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from core.executor import RayExecutor, SerialExecutor, SweepFailed
+from core.model.refs import ModelRef
+from core.pipelines import sweep
+from core.pipelines.sweep import SweepItem, checkpoint_items, probe_sweep
+from core.store import load_entry
+from core.tasks.induction import InductionProbeSpec
+from core.workspace import zoo_dir
+from tests.tiny_models import make_fake_zoo
+
+SPEC = InductionProbeSpec(n_examples=6, seq_len=24, token_low=0, token_high=250, seed=3)
+MODELS = {"tiny-neox": "gpt_neox", "tiny-llama": "llama"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tasks_travel_by_value(ray_local):
+    """This module's task functions are not importable by a Ray worker: send them by value."""
+    ray_local.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    yield
+
+
+def _zoo(home: Path, monkeypatch) -> list[SweepItem]:
+    monkeypatch.setenv("HEADLAB_HOME", str(home))
+    for name, family in MODELS.items():
+        make_fake_zoo(zoo_dir(), name, family, steps=(0, 10))
+    return checkpoint_items([ModelRef.parse(name) for name in MODELS])
+
+
+def _tensors(rows: list[dict]) -> list[dict[str, torch.Tensor]]:
+    return [load_entry(row["key"])[0] for row in rows]
+
+
+def _same(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.Tensor]]) -> bool:
+    return all(x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x) for x, y in zip(a, b))
+
+
+def test_ray_sweep_equals_serial_bit_for_bit(tmp_path, monkeypatch):
+    items = _zoo(tmp_path / "serial", monkeypatch)
+    serial = probe_sweep(items, SPEC, SerialExecutor(), threads=1)
+    serial_tensors = _tensors(serial)
+    items = _zoo(tmp_path / "ray", monkeypatch)
+    ray_rows = probe_sweep(items, SPEC, RayExecutor(), threads=1)
+    assert [r["status"] for r in ray_rows] == ["computed"] * 4
+    assert [r["key"] for r in ray_rows] == [r["key"] for r in serial]  # keys carry no path or backend
+    assert _same(_tensors(ray_rows), serial_tensors)
+    again = probe_sweep(items, SPEC, RayExecutor(), threads=1)
+    assert [r["status"] for r in again] == ["cached"] * 4  # nothing dispatched
+
+
+def _dies_once_then_probes(marker: str, *args):
+    """A sweep task whose worker process is killed (SIGKILL) the first time it runs."""
+    if not os.path.exists(marker):
+        Path(marker).write_text("killed once")
+        os.kill(os.getpid(), signal.SIGKILL)
+    return sweep.probe_checkpoint(*args)
+
+
+def test_a_killed_worker_is_retried_and_the_sweep_completes(tmp_path, monkeypatch):
+    items = _zoo(tmp_path / "serial", monkeypatch)
+    want = _tensors(probe_sweep(items[:2], SPEC, SerialExecutor(), threads=1))
+    items = _zoo(tmp_path / "ray", monkeypatch)
+    marker = str(tmp_path / "killed")
+    real = sweep.probe_checkpoint
+    monkeypatch.setattr(sweep, "probe_checkpoint", lambda *args: _dies_once_then_probes(marker, *args))
+    rows = probe_sweep(items[:2], SPEC, RayExecutor(), threads=1)
+    monkeypatch.setattr(sweep, "probe_checkpoint", real)
+    assert Path(marker).exists()  # a worker really died
+    assert [r["status"] for r in rows] == ["computed", "computed"]
+    assert _same(_tensors(rows), want)
+
+
+def _fails_for(revision: str, ref, checkpoint, *args):
+    if checkpoint.revision == revision:
+        raise RuntimeError(f"checkpoint {revision} unreadable")
+    return sweep.probe_checkpoint(ref, checkpoint, *args)
+
+
+def test_an_interrupted_sweep_resumes_without_recomputing(tmp_path, monkeypatch):
+    items = _zoo(tmp_path / "home", monkeypatch)
+    real = sweep.probe_checkpoint
+    monkeypatch.setattr(sweep, "probe_checkpoint", lambda *args: _fails_for("step000010", *args))
+    with pytest.raises(SweepFailed, match=r"2 of 4 tasks failed .*probe tiny-neox@step000010.*checkpoint step000010 unreadable"):
+        probe_sweep(items, SPEC, RayExecutor(), threads=1)
+    monkeypatch.setattr(sweep, "probe_checkpoint", real)
+    rows = probe_sweep(items, SPEC, RayExecutor(), threads=1)
+    assert [(r["revision"], r["status"]) for r in rows] == [
+        ("step000000", "cached"), ("step000010", "computed"), ("step000000", "cached"), ("step000010", "computed")]
