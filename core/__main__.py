@@ -17,6 +17,7 @@ from core.bench import ising as bench_ising
 from core.bench import load as bench_load
 from core.bench import probe as bench_probe
 from core.bench import scale as bench_scale
+from core.bench import sweep as bench_sweep
 from core.cli import attribution, coactivation, export, models, probe, proposers, recipe, replicate, zoo
 from core.errors import HeadLabError
 from core.threads import apply_thread_policy
@@ -45,6 +46,7 @@ BENCHES: dict[str, tuple[ModuleType, str, str]] = {
     "ising": (bench_ising, "bench_ising", "joint pseudolikelihood fit vs per-spin scikit-learn"),
     "load": (bench_load, "bench_load", "training steps and a probe pass, alone and beside a competing process"),
     "scale": (bench_scale, "bench_scale", "Pythia-160m shape, reference batch: instrumented pass, peak memory, ablation engine"),
+    "sweep": (bench_sweep, "bench_sweep", "probe over every checkpoint of two zoo models: serial vs Ray, one and two nodes"),
 }
 
 
