@@ -12,7 +12,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from core.cli.backend import add_backend_arguments, executor_from_args
 from core.cli.probe import add_device_arguments
+from core.executor import Executor
 from core.cli.replicate_report import FigureWriter, ReplicationReport, claim_figures, write_report
 from core.pipelines.replicate import ReplicateSettings, run_claim
 from core.pipelines.replicate_claims import PRESETS, TARGETS, claims_of
@@ -22,12 +24,14 @@ from core.workspace import reports_dir
 
 def replicate(target: str, settings: ReplicateSettings = ReplicateSettings(), out: Optional[Path] = None,
               formats: Sequence[str] = ("png", "svg"), force: bool = False,
-              say: Callable[[str], None] = print) -> ReplicationReport:
-    """Measure every claim of `target` on the preset's zoo and write the report under `out`."""
+              say: Callable[[str], None] = print, executor: Optional[Executor] = None) -> ReplicationReport:
+    """Measure every claim of `target` on the preset's zoo and write the report under `out`.
+
+    executor: where the probe passes over every checkpoint run (a Ray cluster spreads them)."""
     claims = claims_of(target)
     out = Path(out) if out is not None else reports_dir() / f"replicate-{target}-{settings.preset}"
     out.mkdir(parents=True, exist_ok=True)
-    ctx = settings.context(target, out, force=force, say=say)
+    ctx = settings.context(target, out, force=force, say=say, executor=executor)
     started = time.perf_counter()
     results, bundles = [], {}
     for claim in claims:
@@ -64,6 +68,7 @@ def add_replicate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--formats", default="png,svg", help="figure image formats (default png,svg; '' for none)")
     parser.add_argument("--force", action="store_true", help="measure every claim again instead of reusing stored ones")
     add_device_arguments(parser)
+    add_backend_arguments(parser)
 
 
 def cli_replicate(args: argparse.Namespace) -> dict:
@@ -72,7 +77,8 @@ def cli_replicate(args: argparse.Namespace) -> dict:
                                  n_controls=args.controls, closure_controls=args.closure_controls,
                                  control_seed=args.control_seed, margin=args.margin, device=args.device,
                                  dtype=args.dtype)
-    report = replicate(args.target, settings, args.out, formats, args.force, say=lambda text: print(f"... {text}"))
+    report = replicate(args.target, settings, args.out, formats, args.force, say=lambda text: print(f"... {text}"),
+                       executor=executor_from_args(args))
     width = max(len(c.id) for c in report.claims)
     for c in report.claims:
         print(f"{c.id:{width}s}  {c.verdict}")

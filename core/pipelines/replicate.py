@@ -22,6 +22,7 @@ import numpy as np
 
 import core.pipelines.coactivation as coactivation_pipeline
 from core.errors import HeadLabError
+from core.executor import Executor
 from core.model.loading import DEFAULT_DTYPE, dtype_name
 from core.model.refs import ModelRef, list_checkpoints, read_manifest, weights_fingerprint
 from core.pipelines.attribution import run_preset
@@ -75,11 +76,13 @@ class ReplicateSettings:
         if not float(self.margin) > 0:
             raise HeadLabError(f"the PR-rise margin must be positive, got {self.margin}.")
 
-    def context(self, target: str, out: Path, force: bool = False, say: Callable[[str], None] = print) -> "Context":
-        """The run context of `target` with these settings, its measurements stored under `out`."""
+    def context(self, target: str, out: Path, force: bool = False, say: Callable[[str], None] = print,
+                executor: Optional[Executor] = None) -> "Context":
+        """The run context of `target` with these settings, its measurements stored under `out`; executor:
+        where the probe passes over checkpoints run (results do not depend on it, so it is not a setting)."""
         spec = probe_spec("induction", self.n_examples, self.seq_len, self.probe_seed)
         return Context(target, self.preset, out, spec, self.n_controls, self.closure_controls, self.control_seed,
-                       self.margin, device=self.device, dtype=self.dtype, say=say, force=force)
+                       self.margin, device=self.device, dtype=self.dtype, say=say, force=force, executor=executor)
 
 
 @dataclass
@@ -108,6 +111,7 @@ class Context:
     say: Callable[[str], None] = print
     force: bool = False  # measure again instead of reusing stored cells, models and claims
     memo: dict = field(default_factory=dict)
+    executor: Optional[Executor] = None  # where probe passes over checkpoints run (None: here, one by one)
 
     def settings(self) -> dict:
         out = {"preset": self.preset, "probe_spec": dict(self.spec.to_json()), "n_controls": self.n_controls,
@@ -134,13 +138,13 @@ class Context:
 
     def trajectories(self, name: str):
         return self.memoised(("trajectories", name), lambda: training_trajectories(
-            self.ref(name), self.spec, self.definition, device=self.device, dtype=self.dtype))
+            self.ref(name), self.spec, self.definition, device=self.device, dtype=self.dtype, executor=self.executor))
 
     def recipe(self, name: str) -> dict:
         def compute() -> dict:
             self.say(f"recipe on {name} ({self.n_controls} matched-random controls)")
             return run_recipe(self.ref(name), self.spec, self.n_controls, "zero", self.control_seed, self.device,
-                              dtype=self.dtype)
+                              dtype=self.dtype, executor=self.executor)
 
         return self.memoised(("recipe", name), compute)
 
