@@ -6,6 +6,7 @@ import argparse
 
 from tqdm import tqdm
 
+from core.cli.backend import add_backend_arguments, executor_from_args
 from core.cli.probe import add_device_arguments
 from core.errors import HeadLabError
 from core.model.refs import ModelRef
@@ -36,6 +37,7 @@ def add_attribution_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD, help="rank-difference threshold (default 6)")
     parser.add_argument("--rule", choices=CLASS_RULES, default="paper", help="paper: d >= threshold; reference: d > threshold")
     add_device_arguments(parser)
+    add_backend_arguments(parser)  # with --zoo-preset: one task per model
     parser.add_argument("--force", action="store_true", help="recompute stored per-model results (--zoo-preset)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -50,7 +52,9 @@ def cli_attribution(args: argparse.Namespace) -> dict:
     if args.zoo_preset is not None:
         if args.model is not None:
             raise HeadLabError("give either MODEL or --zoo-preset, not both.")
-        summary, paths = run_preset(args.zoo_preset, settings, args.device, not args.no_progress, args.force, args.dtype)
+        executor = executor_from_args(args)  # serial: models here one by one, each with its stages in the bar
+        summary, paths = run_preset(args.zoo_preset, settings, args.device, not args.no_progress, args.force, args.dtype,
+                                    executor=None if executor.backend == "serial" else executor)
         print(_summary_line(summary))
         print(f"per-model results in {attribution_dir()}")
         out = summary.to_json()

@@ -48,6 +48,7 @@ from typing import Any, Sequence
 from tqdm import tqdm
 
 from core.errors import HeadLabError
+from core.executor import Executor, Task, tqdm_progress
 from core.model.loading import DEFAULT_DTYPE, dtype_name, load_hf_model, load_model
 from core.model.refs import ModelRef, list_zoo, resolve_checkpoint
 from core.pipelines.attribution_measures import (
@@ -255,11 +256,34 @@ def _zoo_status(name: str) -> tuple[str | None, str]:
     return str(checkpoints[-1]["revision"]), ""
 
 
+def attribution_model_task(name: str, settings: AttributionSettings, revision: str, device: str, dtype: str,
+                           progress: ProgressFn | None = None) -> tuple[str, str]:
+    """One model of a preset analysed and stored (an executor task): ("result", path) or ("skipped", reason).
+
+    The result goes to attribution_dir()/<name>.json atomically, a model the OOD band skips to
+    <name>.skipped.json, so a rerun reuses it."""
+    folder = attribution_dir()
+    path, skip_path = folder / f"{name}.json", folder / f"{name}.skipped.json"
+    try:
+        result = analyze_ref(ModelRef(name, "zoo"), settings, revision, device=device, progress=progress, dtype=dtype)
+    except NoOODLengthError as exc:
+        atomic_write_json(skip_path, {"model": name, "revision": revision, "reason": str(exc), "settings": settings.to_json(),
+                                      "dtype": dtype_name(dtype)})
+        return "skipped", str(exc)
+    atomic_write_json(path, result.to_json())
+    skip_path.unlink(missing_ok=True)
+    return "result", str(path)
+
+
 def run_preset(preset: str, settings: AttributionSettings, device: str = "cpu", progress: bool = True,
-               force: bool = False, dtype: str = DEFAULT_DTYPE) -> tuple[AttributionSummary, dict[str, Path]]:
+               force: bool = False, dtype: str = DEFAULT_DTYPE,
+               executor: Executor | None = None) -> tuple[AttributionSummary, dict[str, Path]]:
     """Analyse every model of the preset for `settings.task`, resumably: each model's result is
     stored atomically as attribution_dir()/<model>.json (a model skipped by the OOD band as
-    <model>.skipped.json) and reused when its settings and dtype match. Returns the summary and the paths."""
+    <model>.skipped.json) and reused when its settings and dtype match. Returns the summary and the paths.
+
+    executor: the models not stored yet run as its tasks, one per model (seeds in parallel on Ray);
+    without one they run here one after another, with a per-model stage in the bar."""
 
     names = preset_models(preset, settings.task)
     if not names:
@@ -269,35 +293,39 @@ def run_preset(preset: str, settings: AttributionSettings, device: str = "cpu", 
     if not ready:
         raise HeadLabError(f"none of the {preset} preset's {settings.task} models is trained; run python -m core zoo --preset {preset} first.")
     folder = attribution_dir()
+    outcome: dict[str, tuple[str, str]] = {}  # name -> ("result", path) | ("skipped", reason)
+    for name in ready:
+        revision = status[name][0]
+        stored = None if force else _stored(folder / f"{name}.json", settings, revision, dtype)
+        stored_skip = None if force or stored is not None else _stored(folder / f"{name}.skipped.json", settings, revision, dtype)
+        if stored is not None:
+            outcome[name] = ("result", str(folder / f"{name}.json"))
+        elif stored_skip is not None:
+            outcome[name] = ("skipped", stored_skip["reason"])
+    todo = [name for name in ready if name not in outcome]
+    bar = tqdm(total=len(todo), desc=f"attribution {settings.task}", unit="model", disable=not progress)
+    with bar:
+        if executor is None:
+            for name in todo:
+                bar.set_postfix_str(name)
+                stage = postfix_progress(bar, name) if progress else None
+                outcome[name] = attribution_model_task(name, settings, status[name][0], device, dtype, stage)
+                bar.update(1)
+        else:
+            tasks = [Task(f"attribution {name}", attribution_model_task, (name, settings, status[name][0], device, dtype))
+                     for name in todo]
+            for index, done in executor.results(tasks, tqdm_progress(bar) if progress else None):
+                outcome[todo[index]] = done
     results: list[AttributionResult] = []
     skipped: list[tuple[str, str]] = [(n, status[n][1]) for n in names if status[n][0] is None]
     paths: dict[str, Path] = {}
-    bar = tqdm(ready, desc=f"attribution {settings.task}", unit="model", disable=not progress)
-    for name in bar:
-        bar.set_postfix_str(name)
-        stage = postfix_progress(bar, name) if progress else None
-        revision = status[name][0]
-        path, skip_path = folder / f"{name}.json", folder / f"{name}.skipped.json"
-        stored = None if force else _stored(path, settings, revision, dtype)
-        if stored is not None:
-            results.append(AttributionResult.from_json(stored))
-            paths[name] = path
-            continue
-        stored_skip = None if force else _stored(skip_path, settings, revision, dtype)
-        if stored_skip is not None:
-            skipped.append((name, stored_skip["reason"]))
-            continue
-        try:
-            result = analyze_ref(ModelRef(name, "zoo"), settings, revision, device=device, progress=stage, dtype=dtype)
-        except NoOODLengthError as exc:
-            atomic_write_json(skip_path, {"model": name, "revision": revision, "reason": str(exc), "settings": settings.to_json(),
-                                          "dtype": dtype_name(dtype)})
-            skipped.append((name, str(exc)))
-            continue
-        atomic_write_json(path, result.to_json())
-        skip_path.unlink(missing_ok=True)
-        results.append(result)
-        paths[name] = path
+    for name in ready:  # in the preset's order, whatever order the tasks finished in
+        kind, value = outcome[name]
+        if kind == "skipped":
+            skipped.append((name, value))
+        else:
+            results.append(AttributionResult.from_json(json.loads(Path(value).read_text())))
+            paths[name] = Path(value)
     if not results:
         reasons = "; ".join(f"{n}: {why}" for n, why in skipped)
         raise HeadLabError(f"no {settings.task} model of the {preset} preset could be analysed ({reasons}); see the reasons and retrain or pass --ood-length.")

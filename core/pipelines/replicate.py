@@ -153,7 +153,7 @@ class Context:
         def compute():
             self.say(f"attribution on the {self.preset} {task} models")
             summary, paths = run_preset(self.preset, AttributionSettings(task=task), self.device, progress=False,
-                                        force=self.force, dtype=self.dtype)
+                                        force=self.force, dtype=self.dtype, executor=self.executor)
             results = [AttributionResult.from_json(json.loads(Path(p).read_text()))
                        for name, p in paths.items() if name != "summary"]
             return summary, results

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from core.cli import attribution as cli
+from core.executor import SerialExecutor
 from core.pipelines import attribution as attr
 from core.pipelines import attribution_measures as measures
 from core.pipelines import attribution_results as ares
@@ -557,8 +558,19 @@ def test_preset_run_is_resumable(tmp_path, monkeypatch, trained_folder):
     def fail(*a, **k):
         raise AssertionError("a stored result was recomputed")
 
+    real_analyze = attr.analyze_ref
     monkeypatch.setattr(attr, "analyze_ref", fail)
     second = cli.cli_attribution(args)  # everything comes from the stored files
     assert second["rhos"] == first["rhos"] and second["skipped"] == first["skipped"]
     with pytest.raises(AssertionError):  # other settings are not reused
         cli.cli_attribution(_args(zoo_preset="tiny", ood_length=1, n_batches=2, batch_size=4, n_examples=40, no_progress=True))
+    # The same preset as executor tasks (one per model, what --backend ray sends) in a fresh home:
+    # the same figures and skip reasons as the models run here one by one.
+    monkeypatch.setattr(attr, "analyze_ref", real_analyze)
+    fresh = tmp_path / "fresh"
+    shutil.copytree(tmp_path / "zoo", fresh / "zoo")
+    monkeypatch.setenv("HEADLAB_HOME", str(fresh))
+    settings = ares.AttributionSettings(task="reverse", ood_length=1, n_batches=1, batch_size=4, n_examples=40)
+    summary, paths = attr.run_preset("tiny", settings, progress=False, executor=SerialExecutor())
+    assert summary.to_json()["rhos"] == first["rhos"] and summary.to_json()["skipped"] == first["skipped"]
+    assert paths["tiny-reverse-s0"] == fresh / "reports" / "attribution" / "tiny-reverse-s0.json"
