@@ -48,19 +48,28 @@ def evaluate_induction(model, train_cfg: TrainConfig, n_examples: int, full: boo
         code = mixture.heldout_text_batch(n_examples, train_cfg.seq_len, seed=1, corpus="code")
         out["code_loss"] = float(mixture.next_token_losses(fn(code), code).mean())
     prefix = mixture.prefix_matching_scores(model, n_examples=min(n_examples, 64), half_len=20, seed=2)
-    out["prefix_matching_max"] = float(prefix.max())
-    out["strong_induction_count"] = int((prefix > STRONG_INDUCTION_SCORE).sum())
-    out["prefix_matching_heads"] = [[round(float(v), 3) for v in row] for row in prefix]  # [layer][head]
+    previous = mixture.previous_token_scores(model, n_examples=min(n_examples, 64), half_len=20, seed=2) if full else None
     if full:
-        prev = mixture.previous_token_scores(model, n_examples=min(n_examples, 64), half_len=20, seed=2)
         out["induction_loss_by_half_len"] = {
             str(n): mixture.induction_test_loss(fn, n_examples, half_len=n, seed=1) for n in (10, 20, 31)
         }
-        out["prefix_matching"] = [[round(float(v), 4) for v in row] for row in prefix]
-        del out["prefix_matching_heads"]
-        out["previous_token"] = [[round(float(v), 4) for v in row] for row in prev]
-        out.update(induction_head_summary(prefix))
+    out.update(_head_scores(prefix, previous))
     model.train(was_training)
+    return out
+
+
+def _head_scores(prefix: torch.Tensor, previous: torch.Tensor | None) -> dict[str, Any]:
+    """The per-head figures of an induction evaluation from prefix-matching scores [layer, head]:
+    the best one and the count above STRONG_INDUCTION_SCORE; rounded to 3 places during training,
+    to 4 with the previous-token scores [layer, head] and the summary at the end (previous given)."""
+    out: dict[str, Any] = {"prefix_matching_max": float(prefix.max()),
+                           "strong_induction_count": int((prefix > STRONG_INDUCTION_SCORE).sum())}
+    if previous is None:
+        out["prefix_matching_heads"] = [[round(float(v), 3) for v in row] for row in prefix]  # [layer][head]
+        return out
+    out["prefix_matching"] = [[round(float(v), 4) for v in row] for row in prefix]
+    out["previous_token"] = [[round(float(v), 4) for v in row] for row in previous]
+    out.update(induction_head_summary(prefix))
     return out
 
 
@@ -92,16 +101,11 @@ def evaluate_token_induction(model, train_cfg: TrainConfig, n_examples: int, ful
     patterns = mixture.attention_patterns(model, repeats[:16])  # [layer, example, head, q, k]
     q = torch.arange(half, 2 * half)
     prefix = patterns[:, :, :, q, q - half + 1].mean(dim=(1, 3))  # [layer, head]
-    out["prefix_matching_max"] = float(prefix.max())
-    out["strong_induction_count"] = int((prefix > STRONG_INDUCTION_SCORE).sum())
-    out["prefix_matching_heads"] = [[round(float(v), 3) for v in row] for row in prefix]  # [layer][head]
+    previous = None
     if full:
         q = torch.arange(1, 2 * half)
         previous = patterns[:, :, :, q, q - 1].mean(dim=(1, 3))  # [layer, head]
-        out["prefix_matching"] = [[round(float(v), 4) for v in row] for row in prefix]
-        del out["prefix_matching_heads"]
-        out["previous_token"] = [[round(float(v), 4) for v in row] for row in previous]
-        out.update(induction_head_summary(prefix))
+    out.update(_head_scores(prefix, previous))
     model.train(was_training)
     return out
 
