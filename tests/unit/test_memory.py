@@ -9,7 +9,7 @@ from transformers import GPTNeoXConfig
 from core.errors import HeadLabError
 from core.model import memory
 from core.model.memory import (ForwardShape, chunk_size_for, element_size, estimate_memory_bytes, forward_bytes,
-                               memory_budget)
+                               memory_budget, task_resources)
 
 GiB = 2**30
 
@@ -91,3 +91,13 @@ def test_pythia_1b_at_the_reference_length_fits_24_gib():
     chunk = chunk_size_for(per_example, 2000, budget, reserved=2000 * 200_000)  # ~0.4 GB of results
     assert chunk >= 1 and chunk * per_example + 2000 * 200_000 <= budget
     assert chunk >= 32  # far from one example at a time
+
+
+def test_task_resources_cpu_one_core_gpu_eighths():
+    """A CPU task reserves one core; a CUDA task the eighths of one GPU its estimate takes (1/8 .. 1)."""
+    small = GPTNeoXConfig(num_hidden_layers=2, num_attention_heads=4, hidden_size=64, intermediate_size=256, vocab_size=260)
+    assert task_resources(small, torch.float32, "cpu") == (1.0, 0.0)
+    need = estimate_memory_bytes(small, torch.float32)
+    assert task_resources(small, torch.float32, "cuda", gpu_bytes=100 * need) == (1.0, 0.125)  # 1% -> the smallest share
+    assert task_resources(small, torch.float32, "cuda", gpu_bytes=int(need / 0.3)) == (1.0, 0.375)  # 30% -> 3/8
+    assert task_resources(small, torch.float32, "cuda", gpu_bytes=need // 2) == (1.0, 1.0)  # more than one GPU: capped at 1
