@@ -10,14 +10,15 @@ import huggingface_hub.constants as hub_constants
 import streamlit as st
 
 from core.errors import HeadLabError
+from core.executor import BACKENDS
 from core.model.loading import DTYPES
 from core.model.refs import ModelRef, list_zoo
 from core.tasks.specs import probe_spec
 from core.threads import apply_thread_policy
 from pages._cache import cached_checkpoints, cached_hub_revisions, model_stamp
-from pages._state import (DEFAULT_MODEL, DTYPE, MODEL, MODEL_FOLDER, N_EXAMPLES, REVISION, SEED, SEQ_LEN, TASK,
-                          TOKEN_HIGH, TOKEN_LOW, Workspace, bound, follow_hand_off, init_state, publish_workspace,
-                          sync_url)
+from pages._state import (BACKEND, DEFAULT_MODEL, DTYPE, MODEL, MODEL_FOLDER, N_EXAMPLES, REVISION, SEED, SEQ_LEN,
+                          TASK, TOKEN_HIGH, TOKEN_LOW, Workspace, bound, follow_hand_off, init_state,
+                          int_limits, publish_workspace, sync_url)
 from pages._widgets import format_tokens
 
 PAGES = [
@@ -66,17 +67,17 @@ def _choose_probe():
     task = bound(st.radio, "Probe task", TASK, ["induction", "text"], horizontal=True)
     col_n, col_t = st.columns(2)
     with col_n:
-        n = bound(st.number_input, "N examples", N_EXAMPLES, min_value=8, max_value=4096, step=8)
+        n = bound(st.number_input, "N examples", N_EXAMPLES, step=8, **int_limits(N_EXAMPLES))
     with col_t:
-        seq_len = bound(st.number_input, "Length T", SEQ_LEN, min_value=8, max_value=4096, step=8)
+        seq_len = bound(st.number_input, "Length T", SEQ_LEN, step=8, **int_limits(SEQ_LEN))
     with st.expander("Probe details"):
-        seed = bound(st.number_input, "Probe seed", SEED, min_value=0, max_value=2**31 - 1)
+        seed = bound(st.number_input, "Probe seed", SEED, **int_limits(SEED))
         if task == "induction":
             c1, c2 = st.columns(2)
             with c1:
-                bound(st.number_input, "Tokens from", TOKEN_LOW, min_value=0, max_value=10**6)
+                bound(st.number_input, "Tokens from", TOKEN_LOW, **int_limits(TOKEN_LOW))
             with c2:
-                bound(st.number_input, "Tokens below", TOKEN_HIGH, min_value=1, max_value=10**6)
+                bound(st.number_input, "Tokens below", TOKEN_HIGH, **int_limits(TOKEN_HIGH))
     return probe_spec(task, int(n), int(seq_len), int(seed), int(st.session_state[TOKEN_LOW]),
                       int(st.session_state[TOKEN_HIGH]))
 
@@ -135,8 +136,12 @@ def workspace_sidebar() -> Workspace | None:
                       help="The dtype models run in. float32 is exact and the default; bfloat16 and float16 halve "
                            "the memory (the reference probe ran in float16 on GPUs). Statistics are accumulated in "
                            "float32 either way, and each dtype has its own cached results.")
+        backend = bound(st.selectbox, "Backend", BACKEND, list(BACKENDS),
+                        help="Where the ablation lab runs its conditions. serial: here, one after another. ray: "
+                             "spread over Ray workers, one per core of a local Ray instance (started on first use, "
+                             "then kept warm between runs, each holding the checkpoint it ran last).")
     sync_url()
-    return Workspace(model_name, ref, tuple(checkpoints), revision, spec, stamp, dtype)
+    return Workspace(model_name, ref, tuple(checkpoints), revision, spec, stamp, dtype, backend)
 
 
 st.set_page_config(page_title="HeadLab", page_icon=":material/hub:", layout="wide")

@@ -15,13 +15,14 @@ from types import ModuleType
 from core.bench import ablation as bench_ablation
 from core.bench import ising as bench_ising
 from core.bench import load as bench_load
+from core.bench import patch as bench_patch
 from core.bench import probe as bench_probe
 from core.bench import scale as bench_scale
 from core.bench import sweep as bench_sweep
-from core.cli import attribution, coactivation, export, models, probe, proposers, recipe, replicate, zoo
+from core.cli import attribution, coactivation, export, models, patch, probe, proposers, recipe, replicate, zoo
 from core.errors import HeadLabError
 from core.threads import apply_thread_policy
-from core.workspace import atomic_write_json
+from core.workspace import atomic_write_json, check_output_file
 
 # command name -> (module, function suffix, one-line help)
 COMMANDS: dict[str, tuple[ModuleType, str, str]] = {
@@ -37,6 +38,7 @@ COMMANDS: dict[str, tuple[ModuleType, str, str]] = {
     "export": (export, "export", "paper figures headless: spectral, screen, ablation, attribution (PNG/SVG/PDF + CSV/JSON)"),
     "coactivation": (coactivation, "coactivation", "Ising co-activation communities and their closure test [CVC]"),
     "replicate": (replicate, "replicate", "the papers' claims on the zoo: a report with verdicts and figures"),
+    "patch": (patch, "patch", "activation, attribution and path patching on clean/corrupted pairs"),
 }
 
 # bench target -> (module, function suffix, one-line help)
@@ -47,6 +49,7 @@ BENCHES: dict[str, tuple[ModuleType, str, str]] = {
     "load": (bench_load, "bench_load", "training steps and a probe pass, alone and beside a competing process"),
     "scale": (bench_scale, "bench_scale", "Pythia-160m shape, reference batch: instrumented pass, peak memory, ablation engine"),
     "sweep": (bench_sweep, "bench_sweep", "probe over every checkpoint of two zoo models: serial vs Ray, one and two nodes"),
+    "patch": (bench_patch, "bench_patch", "attribution vs activation patching over every head of a zoo model"),
 }
 
 
@@ -76,13 +79,23 @@ def _wire(cmd: argparse.ArgumentParser, module: ModuleType, suffix: str) -> None
     _add_json_flag(cmd)
 
 
+def _write_json(path: Path, result: object) -> None:
+    try:
+        atomic_write_json(path, result)
+    except OSError as exc:  # a full disk or a folder made read-only while the command ran
+        raise HeadLabError(f"cannot write --json {path} ({exc.strerror}); the result above was computed, "
+                           "so free some space or choose another path and rerun (cached work is reused).") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.json is not None:
+            check_output_file(args.json, "--json")  # before the work, not after it
         apply_thread_policy()  # torch's threads from the CPUs' load now (core/threads.py)
         result = args.run(args)
         if args.json is not None and result is not None:
-            atomic_write_json(args.json, result)
+            _write_json(args.json, result)
             print(f"wrote {args.json}")
     except HeadLabError as exc:
         print(f"error: {exc}", file=sys.stderr)

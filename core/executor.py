@@ -7,10 +7,15 @@ with. Both backends run a task the same way (`run_task`: threads set, function c
 tasks give bit-identical results on both. Results that matter go through the content-addressed
 cache (core/store.py) inside the task, so an interrupted sweep resumes and a finished one is free.
 
-A task that raises or whose worker dies is retried once; a task that fails twice is reported by
-name when the others have finished (`SweepFailed`), never dropped. Ray is imported only by the
-`ray` backend's constructor users reach through `make_executor`, so the serial path needs nothing
-new; the Ray package itself is pinned in requirements.txt.
+Some work needs one large object for many small calls: chunks of ablation conditions on a loaded
+model. A task would load the model every time; `Executor.workers` starts a `WorkerPool` instead:
+n workers, each built once from small arguments (a module-level factory, e.g. a class whose
+instance loads the model), and `map` hands the calls to whichever worker is idle, in order.
+
+A task (or a call to a worker) that raises or whose worker dies is retried once; one that fails
+twice is reported by name when the others have finished (`SweepFailed`), never dropped. Ray is
+imported only by the `ray` backend's constructor users reach through `make_executor`, so the serial
+path needs nothing new; the Ray package itself is pinned in requirements.txt.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import os
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
 
 import torch
 
@@ -30,6 +35,7 @@ RETRIES = 1  # a failed task runs once more before it is reported
 # Environment a Ray worker needs to see the same caches and zoo as the driver.
 _FORWARDED_ENV_PREFIXES = ("HEADLAB_", "HF_", "TRANSFORMERS_")
 ProgressFn = Callable[[int, int, int], None]  # (done, total, failed)
+Calls = Generator[tuple[int, Any], None, None]  # a worker pool's (item index, result) as each call finishes
 
 
 @dataclass(frozen=True)
@@ -59,12 +65,13 @@ class Task:
 class SweepFailed(HeadLabError):
     """Some tasks failed twice; `failures` maps task name -> the last error's text. Finished tasks' results stand."""
 
-    def __init__(self, failures: dict[str, str], total: int):
+    def __init__(self, failures: dict[str, str], total: int, advice: str | None = None):
         self.failures = dict(failures)
         lines = "; ".join(f"{name}: {error.strip().splitlines()[-1] if error.strip() else 'failed'}"
                           for name, error in failures.items())
-        super().__init__(f"{len(failures)} of {total} tasks failed after a retry ({lines}). The others finished and "
-                         "their results are cached: fix the cause and run the same command again to do only these.")
+        advice = advice or ("The others finished and their results are cached: fix the cause and run the same "
+                            "command again to do only these.")
+        super().__init__(f"{len(failures)} of {total} tasks failed after a retry ({lines}). {advice}")
 
 
 def run_task(fn: Callable[..., Any], args: tuple, kwargs: Mapping[str, Any], threads: int,
@@ -105,6 +112,16 @@ class Executor:
     def describe(self) -> str:
         return self.backend
 
+    def workers(self, factory: Callable[..., Any], args: tuple = (), n: int | None = None, num_cpus: float = 1.0,
+                num_gpus: float = 0.0, threads: int = 1) -> "WorkerPool":
+        """n workers, each `factory(*args)` built once (factory module-level, args small: keys, not models).
+
+        n: None for one per CPU the backend has (the serial backend always has one, in this process);
+        num_cpus / num_gpus: what each worker holds on a Ray cluster while it lives; threads: torch
+        threads for building it and for each call.
+        """
+        raise NotImplementedError
+
 
 class SerialExecutor(Executor):
     """One task after another in this process: what the app, CI and a laptop use."""
@@ -134,6 +151,114 @@ class SerialExecutor(Executor):
                     progress(done, len(tasks), len(failures))
         if failures:
             raise SweepFailed(failures, len(tasks))
+
+    def workers(self, factory: Callable[..., Any], args: tuple = (), n: int | None = None, num_cpus: float = 1.0,
+                num_gpus: float = 0.0, threads: int = 1) -> "WorkerPool":
+        return SerialPool(factory, args, threads)
+
+
+class WorkerPool:
+    """Workers that keep what they built between calls; `map` spreads calls over them."""
+
+    size = 0  # how many workers
+
+    def map(self, method: str, items: Sequence[Any], names: Sequence[str] | None = None) -> Calls:
+        """(item index, `worker.method(item)`) as each call finishes; the next item goes to the first idle worker.
+
+        A call that fails is retried once, then reported by its name (default "method #index") in
+        SweepFailed when the others have finished. close() the generator to stop early: calls already
+        running finish on their workers.
+        """
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Stop the workers (the pool cannot be used afterwards)."""
+
+
+def _call_names(method: str, items: Sequence[Any], names: Sequence[str] | None) -> list[str]:
+    names = [f"{method} #{i}" for i in range(len(items))] if names is None else list(names)
+    if len(names) != len(items):
+        raise HeadLabError(f"{len(names)} names for {len(items)} items; give one name per item.")
+    return names
+
+
+class SerialPool(WorkerPool):
+    """One worker in this process; calls run one after another, in item order."""
+
+    size = 1
+
+    def __init__(self, factory: Callable[..., Any], args: tuple, threads: int = 1):
+        self.threads = int(threads)
+        self.worker = run_task(factory, tuple(args), {}, self.threads)
+
+    def map(self, method: str, items: Sequence[Any], names: Sequence[str] | None = None) -> Calls:
+        call = getattr(self.worker, method)
+        tasks = [Task(name, call, (item,), threads=self.threads)
+                 for name, item in zip(_call_names(method, items, names), items)]
+        return SerialExecutor().results(tasks)
+
+
+class _RayWorker:
+    """A Ray actor's body: the worker, built and called with the driver's thread count and HEADLAB_*
+    variables (run_task), so a call gives what the same call gives on the serial pool."""
+
+    def __init__(self, factory: Callable[..., Any], args: tuple, threads: int, env: Mapping[str, str]):
+        self.threads, self.env = int(threads), dict(env)
+        self.worker = run_task(factory, tuple(args), {}, self.threads, self.env)
+
+    def call(self, method: str, item: Any) -> Any:
+        return run_task(getattr(self.worker, method), (item,), {}, self.threads, self.env)
+
+
+class RayPool(WorkerPool):
+    """n Ray actors. An actor that dies is restarted once (its worker built again) and the call it was
+    running is retried; a call that raises is retried once on the same actor."""
+
+    def __init__(self, ray: Any, factory: Callable[..., Any], args: tuple, n: int, num_cpus: float = 1.0,
+                 num_gpus: float = 0.0, threads: int = 1):
+        if int(n) < 1:
+            raise HeadLabError(f"a worker pool needs at least one worker, got n={n}.")
+        self.ray = ray
+        actor = ray.remote(_RayWorker).options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=RETRIES,
+                                               max_task_retries=RETRIES)
+        self.actors = [actor.remote(factory, tuple(args), threads, headlab_environment()) for _ in range(int(n))]
+        self.size = len(self.actors)
+
+    def map(self, method: str, items: Sequence[Any], names: Sequence[str] | None = None) -> Calls:
+        ray = self.ray
+        names = _call_names(method, items, names)
+        waiting = list(range(len(items)))  # item indexes not sent yet, in order
+        idle = list(self.actors)
+        running: dict[Any, tuple[int, Any]] = {}  # object ref -> (item index, actor)
+        failures: dict[int, str] = {}  # item index -> the last error's text
+        while waiting or running:
+            while waiting and idle:
+                index, actor = waiting.pop(0), idle.pop(0)
+                ref = actor.call.options(retry_exceptions=True).remote(method, items[index])
+                running[ref] = (index, actor)
+            if not running:  # every actor died twice: nothing left to run the rest
+                failures.update({i: "no worker left: every worker died twice" for i in waiting})
+                break
+            ready, _ = ray.wait(list(running), num_returns=1)
+            index, actor = running.pop(ready[0])
+            try:
+                result = ray.get(ready[0])
+            except ray.exceptions.RayActorError as error:  # its actor died twice: gone for good
+                failures[index] = str(error)
+                continue
+            except ray.exceptions.RayError as error:  # the call raised twice; its actor lives on
+                failures[index] = str(error)
+                idle.append(actor)
+                continue
+            idle.append(actor)
+            yield index, result
+        if failures:
+            raise SweepFailed({names[i]: failures[i] for i in sorted(failures)}, len(items))
+
+    def close(self) -> None:
+        for actor in self.actors:
+            self.ray.kill(actor)
+        self.actors, self.size = [], 0
 
 
 def _project_root() -> str:
@@ -185,6 +310,12 @@ class RayExecutor(Executor):
         cpus = self.ray.cluster_resources().get("CPU", 0)
         nodes = len([n for n in self.ray.nodes() if n.get("Alive")])
         return f"ray ({nodes} node{'s' if nodes != 1 else ''}, {cpus:g} CPUs)"
+
+    def workers(self, factory: Callable[..., Any], args: tuple = (), n: int | None = None, num_cpus: float = 1.0,
+                num_gpus: float = 0.0, threads: int = 1) -> WorkerPool:
+        if n is None:
+            n = max(1, int(self.ray.cluster_resources().get("CPU", 1) // max(num_cpus, 1.0)))
+        return RayPool(self.ray, factory, args, n, num_cpus, num_gpus, threads)
 
     def _submit(self, task: Task):
         return self._remote.options(

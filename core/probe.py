@@ -35,7 +35,7 @@ from core.model.memory import ForwardShape, chunk_size_for, forward_bytes, lean_
 from core.model.refs import Checkpoint, ModelRef, weights_fingerprint
 from core.results import package_versions
 from core.stats.selectivity import baseline_positions
-from core.store import cache_key, canonical_json, load_entry, save_entry
+from core.store import cache_key, canonical_json, check_writable, load_entry, save_entry
 from core.tasks import PATTERNS, ProbeBatch, ProbeSpec
 
 # Bump when what the instrumented pass stores (or how) changes: old cache entries then miss.
@@ -432,6 +432,7 @@ def head_stats(ref: ModelRef, checkpoint: Checkpoint, probe: ProbeSpec | ProbeBa
         if on_status:
             on_status("cached")
         return HeadStats.from_tensors(*hit)
+    check_writable(key)  # a read-only cache is refused before the pass, not after it
     loaded = model if model is not None else load_model(ref, checkpoint.revision, device=device, dtype=dtype)
     provenance = {"model": ref.name, "revision": checkpoint.revision, "tokens": checkpoint.tokens}
     stats = collect_head_stats(loaded, batch, chunk_size=chunk_size, progress=progress, provenance=provenance)

@@ -9,12 +9,17 @@ changed input simply misses. An entry is a folder `<cache>/<kind>/<digest[:2]>/<
 `tensors.safetensors` and `meta.json`; meta.json records the SHA-256 of the tensors file, so a
 truncated or edited entry is detected, reported, removed and recomputed. Entries are written into
 a temporary sibling folder, fsynced, and renamed into place in one step; when two processes race
-for one key, the first rename wins and the second keeps the winner's entry.
+for one key, the first rename wins and the second keeps the winner's entry. A temporary folder left
+by a killed run is removed by the next write to its shard once it is STALE_SECONDS old (a live
+writer touches its files far more often); a file sitting where an entry folder belongs is reported
+and removed like a corrupt entry. A cache that cannot be written (read-only, full, over a file-size
+limit) is a HeadLabError naming the cache folder, and leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -39,6 +44,9 @@ TENSORS_FILE = "tensors.safetensors"
 META_FILE = "meta.json"
 _KIND = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
+# Leftovers in a shard folder: ".<digest>.<random>.tmp" (a write) and ".<digest>.corrupt.<pid>.<ns>" (a removal).
+_LEFTOVER = re.compile(r"^\.[0-9a-f]{64}\.(?:.+\.tmp|corrupt\..+)$")
+STALE_SECONDS = 3600  # a leftover untouched for an hour belongs to a killed run, not a live one
 
 log = logging.getLogger(__name__)
 
@@ -107,16 +115,75 @@ def _write_synced(path: Path, data: bytes) -> None:
         os.fsync(handle.fileno())
 
 
+def _unwritable(final: Path, exc: OSError) -> HeadLabError:
+    cache = final.parents[2]  # <cache>/<kind>/<shard>/<digest>
+    return HeadLabError(
+        f"cannot write a cache entry under {cache} ({exc.strerror or exc}); free disk space, make that folder "
+        "writable or raise the file-size limit, or set HEADLAB_HOME to a folder you can write "
+        "(nothing was left half-written)."
+    )
+
+
+def check_writable(key: str) -> None:
+    """Refuse, before a long computation, a cache that could not store the entry of `key` (read-only, not a folder)."""
+    final = entry_path(key)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        if not os.access(final.parent, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+    except OSError as exc:
+        raise _unwritable(final, exc) from None
+
+
+def _last_touched(path: Path) -> float:
+    """The latest mtime of a folder and the files directly in it (a live writer updates its file's)."""
+    times = [path.lstat().st_mtime]
+    if path.is_dir() and not path.is_symlink():
+        times += [child.lstat().st_mtime for child in path.iterdir()]
+    return max(times)
+
+
+def remove_stale_leftovers(shard: Path, older_than: float = STALE_SECONDS) -> list[Path]:
+    """Remove temporary and trashed entry folders in `shard` untouched for `older_than` seconds; returns them.
+
+    Left by a run killed mid-write (SIGKILL, power loss). Age decides, so a concurrent live writer,
+    whose files change as it writes, keeps its folder; a folder another process removes first is skipped.
+    """
+    removed = []
+    now = time.time()
+    for path in sorted(shard.iterdir()) if shard.is_dir() else []:
+        if not _LEFTOVER.match(path.name):
+            continue
+        try:
+            if now - _last_touched(path) < older_than:
+                continue
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        except OSError:  # gone already (another process swept it), or not ours to remove: leave it
+            continue
+        removed.append(path)
+    return removed
+
+
 def save_entry(key: str, tensors: dict[str, torch.Tensor], meta: dict) -> Path:
     """Write an entry atomically and return its folder; an entry already in place is kept as is.
 
     tensors: name -> tensor (any shapes/dtypes safetensors takes); meta: JSON-serialisable.
+    Raises HeadLabError, naming the cache folder, when the cache cannot be written; nothing is left behind.
     """
     final = entry_path(key)
-    if final.exists():
+    if final.is_dir():
         return final  # another process (or an earlier run) placed it: keep theirs
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
+    if final.exists() or final.is_symlink():  # a file where the entry folder belongs: it would block every save
+        _discard_corrupt(key, final, "a file sits where the entry folder belongs")
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_leftovers(final.parent)
+        tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
+    except OSError as exc:
+        raise _unwritable(final, exc) from None
     try:
         data = save_tensors({k: v.detach().cpu().contiguous() for k, v in tensors.items()})
         _write_synced(tmp / TENSORS_FILE, data)
@@ -135,6 +202,9 @@ def save_entry(key: str, tensors: dict[str, torch.Tensor], meta: dict) -> Path:
             return final
         _fsync_dir(final.parent)
         return final
+    except OSError as exc:  # a full disk, a read-only folder, a file-size limit
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _unwritable(final, exc) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -150,7 +220,11 @@ def _discard_corrupt(key: str, folder: Path, reason: str) -> None:
         os.rename(folder, trash)
     except OSError:
         return  # someone else removed or replaced it already
-    shutil.rmtree(trash, ignore_errors=True)
+    if trash.is_dir() and not trash.is_symlink():
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            trash.unlink()
 
 
 def has_entry(key: str) -> bool:
@@ -162,6 +236,8 @@ def load_entry(key: str) -> Optional[tuple[dict[str, torch.Tensor], dict]]:
     """(tensors, meta) of the entry, or None when absent or corrupt (a corrupt one is reported and removed)."""
     folder = entry_path(key)
     if not folder.is_dir():
+        if folder.exists() or folder.is_symlink():
+            _discard_corrupt(key, folder, "a file sits where the entry folder belongs")
         return None
     try:
         record = json.loads((folder / META_FILE).read_text())
@@ -194,6 +270,7 @@ def get_or_compute(key: str, compute_fn: Callable[[], tuple[dict[str, torch.Tens
     hit = load_entry(key)
     if hit is not None:
         return hit
+    check_writable(key)  # before the work, not after it
     tensors, meta = compute_fn()
     save_entry(key, tensors, meta)
     stored = load_entry(key)  # the winner's entry if another process saved first

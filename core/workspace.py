@@ -67,6 +67,53 @@ def _subdir(name: str) -> Path:
     return path
 
 
+def _nearest_existing(path: Path) -> Path:
+    """`path` itself or its nearest ancestor that exists (the folder a write would start creating from)."""
+    for candidate in (path, *path.parents):
+        try:
+            if candidate.exists():
+                return candidate
+        except OSError:  # a name too long for the file system: look further up
+            continue
+    return Path(".")
+
+
+def _check_creatable(path: Path, flag: str, folder: Path) -> None:
+    """Refuse `path` when `folder`, which will hold it, is under a file or in a place this user cannot
+    write (its nearest existing folder decides)."""
+    base = _nearest_existing(folder)
+    if not base.is_dir():
+        raise HeadLabError(f"{flag} {path} cannot be written: {base} is a file, not a folder; choose another path.")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise HeadLabError(f"{flag} {path} cannot be written: {base} is not writable by you; choose another path.")
+
+
+def check_output_file(path: Path, flag: str = "--json") -> Path:
+    """Refuse, before any work runs, an output file that cannot be written: empty, a folder, under a file, unwritable."""
+    path = Path(path)
+    if str(path) in ("", "."):
+        raise HeadLabError(f"{flag} is empty (or '.'); give a file path such as result.json.")
+    try:
+        if path.is_dir():
+            raise HeadLabError(f"{flag} {path} is a folder; give a file path such as {path / 'result.json'}.")
+        _check_creatable(path, flag, path.parent)
+    except OSError as exc:  # e.g. a name longer than the file system allows
+        raise HeadLabError(f"{flag} {path} cannot be written ({exc.strerror}); choose another path.") from None
+    return path
+
+
+def check_output_folder(path: Path, flag: str = "--out") -> Path:
+    """Refuse, before any work runs, an output folder that cannot be made: a file, under a file, unwritable."""
+    path = Path(path)
+    try:
+        if path.exists() and not path.is_dir():
+            raise HeadLabError(f"{flag} {path} is a file; give a folder to write into (it is created when missing).")
+        _check_creatable(path, flag, path)
+    except OSError as exc:
+        raise HeadLabError(f"{flag} {path} cannot be written ({exc.strerror}); choose another path.") from None
+    return path
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write `data` to `path` through a temporary file in the same folder and a rename."""
     path = Path(path)

@@ -8,12 +8,14 @@ models run in (`Workspace.dtype`).
 Long runs (an ablation study, a closure test, an analysis) draw their progress and can be
 cancelled, and a page must know whether a run exists before it offers the run's button; st.cache_*
 can do neither, so they are kept in one process-wide store here (`stored_*` looks a run up,
-`run_*` computes and stores it). Pages keep no results of their own.
+`run_*` computes and stores it). Pages keep no results of their own. An ablation study runs on the
+workspace's backend: here (serial) or on Ray workers kept warm between runs (`st.cache_resource`).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -22,8 +24,10 @@ from typing import Any, Callable
 import numpy as np
 import streamlit as st
 
-from core.ablation.study import AblationSettings, ablate_alone, ablation_study
+from core.ablation.study import AblationResult, AblationSettings, ablate_alone, ablation_study, preview_result
+from core.ablation.workers import ablation_study_on, ablation_workers, warm_workers
 from core.errors import HeadLabError
+from core.executor import Executor, WorkerPool, make_executor
 from core.heads import Head, HeadSet
 from core.model.loading import DEFAULT_DTYPE, load_config, load_model
 from core.model.refs import Checkpoint, ModelRef, cached_revisions, list_checkpoints, resolve_checkpoint
@@ -41,6 +45,9 @@ from core.workspace import zoo_dir
 from pages._state import Workspace
 
 NULL_DRAWS = 200  # draws of the induction null (the noise floor), both probes
+# a running study's preview is redrawn at most this often: drawing its strip takes about 0.15 s,
+# which the serial backend takes from the study itself
+PREVIEW_SECONDS = 1.0
 _WARM_REPORTS = "_warm_reports"  # session key: (model, probe, stamp) whose checkpoints are all measured
 
 
@@ -205,12 +212,96 @@ def stored_ablation(ws: Workspace, selection: HeadSet, settings: AblationSetting
     return _stored(_ablation_key(ws, selection, settings))
 
 
+def _executor_for_the_server(backend: str) -> Executor:
+    """make_executor(backend), called from a thread that lives as long as the server.
+
+    Why: Streamlit runs each script run in a thread that ends with the run, and Ray ties the
+    processes a local instance starts (its GCS and raylet) to the thread that started them (Linux's
+    PR_SET_PDEATHSIG): started during a run, the instance is killed when that run ends.
+    """
+    made: dict[str, Any] = {}
+    ready = threading.Event()
+
+    def hold() -> None:
+        try:
+            made["executor"] = make_executor(backend)
+        except Exception as error:  # noqa: BLE001 - handed to the caller below
+            made["error"] = error
+            return
+        finally:
+            ready.set()
+        threading.Event().wait()  # never returns: Ray's processes live while this thread does
+
+    threading.Thread(target=hold, name=f"headlab-{backend}", daemon=True).start()
+    ready.wait()
+    if "error" in made:
+        raise made["error"]
+    return made["executor"]
+
+
+@st.cache_resource(show_spinner="Starting the Ray workers (once per server)...")
+def cached_ablation_workers(backend: str) -> WorkerPool:
+    """The ablation lab's workers on `backend`, one per CPU, kept warm between runs (each keeps the
+    checkpoint it ran last). They reserve no CPU on the Ray instance: a reservation lasts a worker's
+    life, and idle between studies they must not hold the cores other Ray tasks wait for."""
+    return ablation_workers(_executor_for_the_server(backend), num_cpus=0)
+
+
+def prepare_ablation(ws: Workspace) -> None:
+    """On the Ray backend: start the workers and have each load the workspace checkpoint before the
+    click (a few milliseconds when they hold it already)."""
+    if ws.backend == "serial":
+        return
+    workers = cached_ablation_workers(ws.backend)
+    with st.spinner("Loading the checkpoint into the Ray workers..."):
+        warm_workers(workers, ws.ref, ws.revision, ws.spec, ws.dtype)
+
+
+class _Previews:
+    """A running study's previews for the page: the candidate's as soon as it is measured, then what
+    has arrived, at most every PREVIEW_SECONDS, when a step of work ends (progress), never after the last."""
+
+    def __init__(self, settings: AblationSettings, draw: Callable[[AblationResult], None] | None,
+                 progress: Callable[[int, int], None] | None):
+        self.settings, self.draw, self.user_progress = settings, draw, progress
+        self.arrived: dict[int, Any] = {}  # on_condition index -> ConditionMetrics
+        self.clean: Any = None
+        self.drawn, self.last = 0, 0.0
+
+    def condition(self, index: int, metrics: Any, clean: Any) -> None:
+        self.arrived[index], self.clean = metrics, clean
+        if index == 0:
+            self._draw()
+
+    def progress(self, done: int, total: int) -> None:
+        if self.user_progress is not None:
+            self.user_progress(done, total)
+        due = time.perf_counter() - self.last >= PREVIEW_SECONDS
+        if done < total and 0 in self.arrived and len(self.arrived) > self.drawn and due:
+            self._draw()
+
+    def _draw(self) -> None:
+        if self.draw is not None:
+            self.draw(preview_result(self.settings, self.clean, self.arrived))
+        self.drawn, self.last = len(self.arrived), time.perf_counter()
+
+
 def run_ablation(ws: Workspace, selection: HeadSet, settings: AblationSettings,
-                 progress: Callable[[int, int], None] | None = None, cancel: Callable[[], bool] | None = None) -> dict:
-    """Run (and store) the ablation study of `selection`; AblationCancelled when cancel() says so."""
-    model = cached_model(ws.model_name, ws.revision, ws.stamp, ws.dtype)
-    start = time.perf_counter()
-    result = ablation_study(model, cached_batch(ws.spec_json), selection, settings, progress=progress, cancel=cancel)
+                 progress: Callable[[int, int], None] | None = None, cancel: Callable[[], bool] | None = None,
+                 on_preview: Callable[[AblationResult], None] | None = None) -> dict:
+    """Run (and store) the ablation study of `selection` on the workspace's backend; AblationCancelled
+    when cancel() says so. on_preview(partial result): see _Previews (core's preview_result: no z yet)."""
+    live = _Previews(settings, on_preview, progress)
+    if ws.backend == "serial":
+        model = cached_model(ws.model_name, ws.revision, ws.stamp, ws.dtype)
+        start = time.perf_counter()
+        result = ablation_study(model, cached_batch(ws.spec_json), selection, settings, progress=live.progress,
+                                cancel=cancel, on_condition=live.condition)
+    else:
+        workers = cached_ablation_workers(ws.backend)
+        start = time.perf_counter()
+        result = ablation_study_on(workers, ws.ref, ws.revision, ws.spec, selection, settings, dtype=ws.dtype,
+                                   progress=live.progress, cancel=cancel, on_condition=live.condition)
     entry = {"result": result, "seconds": time.perf_counter() - start, "model": ws.model_name,
              "revision": ws.revision, "probe": ws.spec_json}
     return _store(_ablation_key(ws, selection, settings), entry)

@@ -21,9 +21,9 @@ from streamlit.runtime.pages_manager import PagesManager
 
 from core.errors import HeadLabError
 from core.heads import Head, HeadSet, head_name, parse_heads
-from core.model.loading import DEFAULT_DTYPE
+from core.model.loading import DEFAULT_DTYPE, DTYPES
 from core.model.refs import Checkpoint, ModelRef
-from core.tasks.specs import ProbeSpec
+from core.tasks.specs import TASKS, ProbeSpec
 
 # ---------------------------------------------------------------------------------------------
 # keys: the workspace (session and URL)
@@ -40,10 +40,15 @@ HEAD = "head"  # the head chosen anywhere ("L1H3"): the inspector shows it
 PATTERN = "pattern"  # the pattern screen's pattern
 DTYPE = "dtype"  # the precision models are loaded in (core.model.loading.DTYPES)
 URL_KEYS = (MODEL, REVISION, TASK, N_EXAMPLES, SEQ_LEN, SEED, TOKEN_LOW, TOKEN_HIGH, HEAD, PATTERN, DTYPE)
-INT_KEYS = (N_EXAMPLES, SEQ_LEN, SEED, TOKEN_LOW, TOKEN_HIGH)
+# what a URL may set: whole numbers in the sidebar's ranges (its widgets use these), names from their lists
+INT_RANGES = {N_EXAMPLES: (8, 4096), SEQ_LEN: (8, 4096), SEED: (0, 2**31 - 1), TOKEN_LOW: (0, 10**6),
+              TOKEN_HIGH: (1, 10**6)}
+URL_CHOICES = {TASK: TASKS, DTYPE: tuple(DTYPES)}
 PR_DEFINITION = "pr_definition"  # spectral signal and training dynamics
+# where long runs go (core.executor.BACKENDS); not in the URL: a shared link must not start Ray on its reader's server
+BACKEND = "backend"
 DEFAULTS = {TASK: "induction", N_EXAMPLES: 256, SEQ_LEN: 64, SEED: 42, TOKEN_LOW: 0, TOKEN_HIGH: 256,
-            PATTERN: "induction", PR_DEFINITION: "entropy", DTYPE: DEFAULT_DTYPE}
+            PATTERN: "induction", PR_DEFINITION: "entropy", DTYPE: DEFAULT_DTYPE, BACKEND: "serial"}
 DEFAULT_MODEL = "induction-neox"  # the zoo's main model: the one a first visit opens on
 MODEL_FOLDER = "model_folder"  # the sidebar's text box when the zoo is empty
 
@@ -55,6 +60,7 @@ ABLATION_HISTORY = "ablation_history"  # this session's ablation runs, latest fi
 # keys: internal
 WORKSPACE = "_workspace"  # the Workspace app.py's sidebar selected this run (None: none)
 _INITIALISED = "_workspace_init"
+_URL_NOTES = "_url_notes"  # what init_state ignored in the link, shown in the sidebar for the session
 _GOTO = "_goto_page"  # a page a hand-off asked for
 
 # pages a hand-off opens
@@ -78,6 +84,7 @@ class Workspace:
     spec: ProbeSpec
     stamp: str = ""  # changes when the model's files change (part of every cache key)
     dtype: str = DEFAULT_DTYPE  # the precision models run in (part of every cache key that loads a model)
+    backend: str = "serial"  # where the ablation lab runs its conditions: this process, or Ray workers
 
     @property
     def checkpoint(self) -> Checkpoint:
@@ -102,22 +109,48 @@ class Workspace:
 
 
 def init_state() -> None:
-    """Seed session_state from the URL once per session."""
-    if st.session_state.get(_INITIALISED):
-        return
-    params = st.query_params
-    for key in URL_KEYS:
-        if key in params:
-            value = params[key]
-            if key in INT_KEYS:
-                try:
-                    value = int(value)
-                except ValueError:
-                    continue
-            st.session_state[key] = value
-    for key, value in DEFAULTS.items():
-        st.session_state.setdefault(key, value)
-    st.session_state[_INITIALISED] = True
+    """Seed session_state from the URL once per session; a value the sidebar cannot take is ignored, and
+    a warning at the top of the sidebar says which and what is used instead (never silently clamped)."""
+    if not st.session_state.get(_INITIALISED):
+        params = st.query_params
+        notes = []
+        for key in URL_KEYS:
+            if key in params:
+                value, problem = url_value(key, params[key])
+                if problem:
+                    used = f"the default {DEFAULTS[key]}" if key in DEFAULTS else "the default"
+                    notes.append(f"{problem}, so {used} is used")
+                else:
+                    st.session_state[key] = value
+        for key, value in DEFAULTS.items():
+            st.session_state.setdefault(key, value)
+        st.session_state[_URL_NOTES] = notes
+        st.session_state[_INITIALISED] = True
+    notes = st.session_state.get(_URL_NOTES)
+    if notes:
+        st.sidebar.warning("This link's settings were not all usable: " + "; ".join(notes) + ".")
+
+
+def url_value(key: str, text: str) -> tuple[Any, str | None]:
+    """(value, None) for a URL parameter the sidebar can take, else (None, what is wrong with it)."""
+    if key in INT_RANGES:
+        low, high = INT_RANGES[key]
+        try:
+            value = int(text)
+        except ValueError:
+            return None, f"{key}={text!r} is not a whole number"
+        if not low <= value <= high:
+            return None, f"{key}={value} is outside {low}..{high}"
+        return value, None
+    if key in URL_CHOICES and text not in URL_CHOICES[key]:
+        return None, f"{key}={text!r} is not one of {', '.join(URL_CHOICES[key])}"
+    return text, None
+
+
+def int_limits(key: str) -> dict[str, int]:
+    """min_value / max_value of a whole-number widget: the range the URL is checked against too."""
+    low, high = INT_RANGES[key]
+    return {"min_value": low, "max_value": high}
 
 
 def sync_url() -> None:

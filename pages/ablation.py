@@ -13,7 +13,8 @@ from core.stats.controls import CONTROL_KINDS, count_matched_sets
 from core.stats.inference import METRICS
 from core.stats.spectral import resolve_k, top_k
 from core.tasks.vocab import token_label
-from pages._cache import cached_batch, checkpoint_screen, run_ablation, screen_report, stored_ablation
+from pages._cache import (cached_batch, checkpoint_screen, prepare_ablation, run_ablation, screen_report,
+                          stored_ablation)
 from pages._state import ABLATION_HEADS, HEADS_TEXT, ablation_history, open_in_inspector, require_workspace
 from pages._widgets import guarded, new_pick, show_figure
 
@@ -33,6 +34,37 @@ def _set_heads(heads, empty_message: str) -> None:
         st.session_state[HEADS_TEXT] = str(HeadSet(tuple(heads)))
     else:
         st.session_state[PRESET_MESSAGE] = empty_message
+
+
+def _stats_table(result) -> pd.DataFrame:
+    """One row per metric: clean value, the candidate's delta and interval, the controls', z, rank, p, upper bound."""
+    table = []
+    for metric in METRICS:
+        s = result.stats.get(metric)
+        if s is None:
+            continue
+        table.append({"metric": metric, "clean": s["clean"], "candidate Δ": s["candidate_delta"],
+                      "95% CI": f"[{s['candidate_ci'][0]:.3g}, {s['candidate_ci'][1]:.3g}]",
+                      "control mean Δ": s.get("control_mean"), "control std": s.get("control_std"), "z": s.get("z"),
+                      "rank": s.get("rank"), "p": s.get("p"), "upper bound Δ": s.get("upper_bound_delta")})
+    return pd.DataFrame(table)
+
+
+def _live_drawer(slot, ws):
+    """Draws a running study's previews into `slot`: its table first, then its strip (keys unique within the run)."""
+    drawn = []
+
+    def draw(partial) -> None:
+        drawn.append(partial)
+        upper = " and the upper bound" if partial.upper_bound is not None else ""
+        with slot.container():
+            st.markdown(f"**Running:** the candidate and {len(partial.controls)} controls{upper} measured so far; "
+                        "z and the verdicts come with the last control.")
+            st.dataframe(_stats_table(partial), hide_index=True, width="stretch")
+            st.plotly_chart(ablation_strip(partial, ws.model_name, ws.revision).figure, key=f"ablation_live_{len(drawn)}",
+                            theme=None, width="stretch", config={"displaylogo": False})
+
+    return draw
 
 
 st.title("Ablation lab")
@@ -114,6 +146,7 @@ with grid_box:
                      "pick heads: click, box or lasso",
                      classes=classes)
     show_figure(grid, GRID_KEY, pickable=True, stretch=False)
+guarded(lambda: prepare_ablation(ws), stop=False)  # Ray backend: the workers hold this checkpoint before the click
 
 # ------------------------------------------------------------------ run
 history = ablation_history()
@@ -124,17 +157,20 @@ if run and selection is not None:
         cancel_slot = st.empty()
         cancel_slot.button("Cancel run", key="cancel_ablation", on_click=_cancel, icon=":material/cancel:")
         bar = st.progress(0.0, text="Loading the model...")
+        live = st.empty()  # the candidate's deltas as soon as they are measured, then the controls filling the strip
         try:
             entry = run_ablation(
                 ws, selection, settings,
                 progress=lambda done, total: bar.progress(min(done / total, 1.0), text=f"condition passes: {done}/{total}"),
                 cancel=lambda: bool(st.session_state.get(CANCELLED)),
+                on_preview=_live_drawer(live, ws),
             )
         except AblationCancelled:
             st.warning("The ablation run was cancelled; nothing was stored.")
         except HeadLabError as exc:
             st.error(str(exc))
         bar.empty()
+        live.empty()
         cancel_slot.empty()
     if entry is not None:
         number = len(history) + 1
@@ -167,16 +203,7 @@ for name, verdict in result.verdicts.items():
 st.caption(f"{len(result.controls)} {result.control_sets.kind} controls + upper bound on {entry['model']} at "
            f"{entry['revision']}; ran in {entry['seconds']:.1f} s.")
 
-table = []
-for metric in METRICS:
-    s = result.stats.get(metric)
-    if s is None:
-        continue
-    table.append({"metric": metric, "clean": s["clean"], "candidate Δ": s["candidate_delta"],
-                  "95% CI": f"[{s['candidate_ci'][0]:.3g}, {s['candidate_ci'][1]:.3g}]",
-                  "control mean Δ": s.get("control_mean"), "control std": s.get("control_std"), "z": s.get("z"),
-                  "rank": s.get("rank"), "p": s.get("p"), "upper bound Δ": s.get("upper_bound_delta")})
-st.dataframe(pd.DataFrame(table), hide_index=True, width="stretch")
+st.dataframe(_stats_table(result), hide_index=True, width="stretch")
 
 show_figure(ablation_strip(result, entry["model"], entry["revision"]), "ablation_strip")
 

@@ -1,1 +1,1 @@
-"""Group ablation: spec.py (Ablation, the one metric definition), engine.py (hooks, prefix reuse), study.py (studies, summaries, worst examples)."""
+"""Group ablation: spec.py (Ablation, the one metric definition), engine.py (hooks, prefix reuse), study.py (studies, summaries, worst examples), workers.py (a study over workers holding the model)."""

@@ -6,8 +6,8 @@ clean run once and then every condition from the clean residual stream entering 
 lowest ablated layer (prefix reuse), several conditions stacked in one batch on a GPU when memory
 allows (examples per batch and conditions per stack follow core/model/memory.py's estimate of the
 free memory; every forward runs under its lean_forward); `ablated_logits_fn` serves sequence
-tasks (greedy exact match under an ablation). What to ablate and what is measured are in spec.py;
-studies over conditions (controls, statistics) in study.py.
+tasks (greedy exact match under an ablation). `stream_conditions` hands out each condition as it
+finishes (the app draws them); spec.py says what is ablated and measured; study.py runs studies.
 
 Why prefix reuse is hand-made: TransformerBridge's `forward(..., start_at_layer=k)` gives the right
 logits but still executes blocks 0..k-1 internally (their output is discarded), so it saves no time.
@@ -30,7 +30,7 @@ of the dtype's precision, since a replay may round differently from the full for
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 from transformer_lens.model_bridge.generalized_components import ParallelBlockBridge
@@ -430,8 +430,20 @@ def _differs(got: torch.Tensor, want: torch.Tensor, model: Any) -> bool:
     return float((got.float() - want.float()).abs().max()) > _replay_tolerance(model) * scale
 
 
+def _gather(parts: list[dict[str, torch.Tensor]], label: str, ablation: Ablation | None) -> ConditionMetrics:
+    """One condition's metrics from its example chunks' parts ({metric: [row]} each)."""
+    arrays = {name: torch.cat([p[name] for p in parts]).double().cpu().numpy() for name in METRICS}
+    return ConditionMetrics(label, ablation, **arrays)
+
+
+def run_conditions(model: Any, batch: Any, conditions: Sequence[Ablation], **options: Any) -> tuple[ConditionMetrics, list[ConditionMetrics]]:
+    """(clean, [metrics of each condition, in order]): `stream_conditions` collected (options: its keyword arguments)."""
+    streamed = dict(stream_conditions(model, batch, conditions, **options))  # {None: clean, i: condition i}
+    return streamed.pop(None), [streamed[i] for i in range(len(conditions))]
+
+
 @torch.no_grad()
-def run_conditions(
+def stream_conditions(
     model: Any,
     batch: Any,
     conditions: Sequence[Ablation],
@@ -442,11 +454,12 @@ def run_conditions(
     example_batch_size: int | None = None,
     strategy: str = "auto",
     notes: list[str] | None = None,
-) -> tuple[ConditionMetrics, list[ConditionMetrics]]:
-    """The clean run and every condition's per-example metrics at the query position.
+) -> Iterator[tuple[int | None, ConditionMetrics]]:
+    """The clean run and every condition's per-example metrics at the query position, as each finishes.
 
     batch: has tokens [example, pos], query_pos [example], target [example] (a ProbeBatch).
-    Returns (clean, [one ConditionMetrics per condition, in order]).
+    Yields (None, clean) first, then (i, metrics of conditions[i]) once per condition; condition 0
+    comes first (a study's candidate: what a reader waits for), the others in the engine's order.
     chunk_size: conditions stacked into one forward (default: 1 on the CPU, memory-sized on CUDA).
     example_batch_size: examples per forward (default: as many as fit in the free memory).
     strategy: "auto" (prefix reuse, self-checked; falls back to full forwards), "prefix", or "full".
@@ -468,11 +481,13 @@ def run_conditions(
     target_all = batch.target.to(device)
     n, seq_len = int(tokens_all.shape[0]), int(tokens_all.shape[1])
 
-    # condition order: grouped by (start layer, mode) so one stacked forward shares both
-    order = sorted(range(len(conditions)), key=lambda i: (conditions[i].start_layer(n_layers), conditions[i].mode, i))
+    # condition order: grouped by (start layer, mode) so one stacked forward shares both; condition 0's
+    # group first (the order of groups changes no number: each group's stacks are the same either way)
+    group_of = [(a.start_layer(n_layers), a.mode) for a in conditions]
+    order = sorted(range(len(conditions)), key=lambda i: (group_of[i] != group_of[0], group_of[i], i))
     groups: dict[tuple[int, str], list[int]] = {}
     for i in order:
-        groups.setdefault((conditions[i].start_layer(n_layers), conditions[i].mode), []).append(i)
+        groups.setdefault(group_of[i], []).append(i)
     first_start = min([key[0] for key in groups] or [n_layers])
     starts = sorted({start for start, _ in groups if start < n_layers}) if strategy != "full" else []
     # parallel-residual start layers are skipped: their clean output and z are kept instead
@@ -511,6 +526,9 @@ def run_conditions(
             clean_q = logits[torch.arange(rows, device=device), query]  # [row, vocab]
             del logits
             clean_parts.append(query_metrics(clean_q, target))
+            last_examples = c_index == len(example_chunks) - 1  # where the clean run and every condition finish
+            if last_examples:
+                yield None, _gather(clean_parts, "clean", None)
             done += 1
             if progress is not None:
                 progress(done, total)
@@ -566,6 +584,8 @@ def run_conditions(
                     done += reps
                     if progress is not None:
                         progress(done, total)
+                    for i in members[k : k + size] if last_examples else ():
+                        yield i, _gather(cond_parts[i], conditions[i].label or conditions[i].describe(), conditions[i])
             del rec
 
     if use_prefix and conditions:
@@ -578,11 +598,3 @@ def run_conditions(
         if shortcut_starts:
             notes.append("parallel-residual start layers were not replayed: the clean block output plus the ablated "
                          "heads' change through W_O was used.")
-
-    def gather(parts: list[dict[str, torch.Tensor]], label: str, ablation: Ablation | None) -> ConditionMetrics:
-        arrays = {name: torch.cat([p[name] for p in parts]).double().cpu().numpy() for name in METRICS}
-        return ConditionMetrics(label, ablation, **arrays)
-
-    clean = gather(clean_parts, "clean", None)
-    results = [gather(cond_parts[i], a.label or a.describe(), a) for i, a in enumerate(conditions)]
-    return clean, results

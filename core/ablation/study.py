@@ -4,17 +4,20 @@
 every condition through the engine, and turns the per-example metrics into deltas, z, rank, p,
 bootstrap intervals and the recipe and closure verdicts (core/stats/inference.py). `AblationSettings`
 holds every method parameter in one frozen, hashable value (the pages use it as a cache key).
+The same study fanned out over workers that hold the model is in workers.py; both are made of
+`study_conditions` and `assemble_study`, and both hand out each condition as it finishes
+(`on_condition`, the candidate first), which `preview_result` turns into a partial result to draw.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 
-from core.ablation.engine import run_conditions
+from core.ablation.engine import run_conditions, stream_conditions
 from core.ablation.spec import MODES, Ablation, ConditionMetrics
 from core.errors import HeadLabError
 from core.heads import HeadSet, head_name
@@ -25,6 +28,11 @@ from core.stats.controls import (CONTROL_KINDS, ControlSets, _check_selection, a
                                  matched_random_controls, upper_bound)
 from core.stats.inference import (DAMAGE_SIGN, METRICS, Verdict, bootstrap_ci, canonical_metric, closure_verdict,
                                   empirical_rank_p, is_damaging, recipe_verdict, z_score)
+
+CANDIDATE, UPPER_BOUND = "candidate", "upper bound"  # condition labels (a control's: "control {i}")
+# on_condition(index, metrics, clean): index into study_conditions' list (0 the candidate, then the
+# controls, then the upper bound); clean: the clean run the deltas are taken from.
+ConditionFn = Callable[[int, ConditionMetrics, ConditionMetrics], None]
 
 
 @dataclass(frozen=True)
@@ -125,6 +133,31 @@ def condition_stats(
     return out
 
 
+def study_conditions(selection: HeadSet, n_layers: int, n_heads: int,
+                     settings: AblationSettings) -> tuple[list[Ablation], ControlSets]:
+    """The conditions of a study, in order: the candidate, its random controls, the upper bound (unless
+    settings say no); and the control sets as drawn (seeded: the same on every worker)."""
+    s = settings
+    selection = _check_selection(selection, n_layers, n_heads)
+    if s.controls == "matched":
+        sets = matched_random_controls(selection, n_layers, n_heads, s.n_controls, s.seed)
+    else:
+        sets = any_layer_random_controls(selection, n_layers, n_heads, s.n_controls, s.seed)
+    conditions = [Ablation(selection, (), s.mode, CANDIDATE)]
+    conditions += [Ablation(c, (), s.mode, f"control {i}") for i, c in enumerate(sets)]
+    if s.include_upper_bound:
+        conditions.append(Ablation(upper_bound(selection, n_heads), (), s.mode, UPPER_BOUND))
+    return conditions, sets
+
+
+def run_info(model: Any, batch: Any) -> dict:
+    """What a study's provenance says about the model and the batch (a worker reports the same)."""
+    n_layers, n_heads, _ = model_shape(model)
+    return {"model": str(getattr(model.cfg, "model_name", "")), "n_layers": n_layers, "n_heads": n_heads,
+            "batch": dict(getattr(batch, "spec", {}) or {}), "n_examples": int(batch.tokens.shape[0]),
+            "seq_len": int(batch.tokens.shape[1]), "dtype": dtype_name(model_dtype(model))}
+
+
 def ablation_study(
     model: Any,
     batch: Any,
@@ -134,30 +167,41 @@ def ablation_study(
     device: str | torch.device | None = None,
     progress: Callable[[int, int], None] | None = None,
     cancel: Callable[[], bool] | None = None,
+    on_condition: ConditionFn | None = None,
 ) -> AblationResult:
     """Ablate `selection`, its controls and (unless settings say no) the upper bound; compute stats and verdicts.
 
     batch: tokens [example, pos], query_pos [example], target [example] (a ProbeBatch).
-    progress(done, total) and cancel() are passed to the engine (run_conditions).
+    progress(done, total) and cancel() are passed to the engine (run_conditions); on_condition is
+    called as each condition finishes, the candidate first (see ConditionFn).
+    """
+    n_layers, n_heads, _ = model_shape(model)
+    conditions, sets = study_conditions(selection, n_layers, n_heads, settings)
+    notes: list[str] = []
+    clean, results = None, [None] * len(conditions)
+    for index, metrics in stream_conditions(model, batch, conditions, chunk_size=settings.chunk_size, device=device,
+                                            progress=progress, cancel=cancel, notes=notes):
+        if index is None:
+            clean = metrics
+            continue
+        results[index] = metrics
+        if on_condition is not None:
+            on_condition(index, metrics, clean)
+    return assemble_study(settings, sets, clean, results, notes, run_info(model, batch))
+
+
+def assemble_study(settings: AblationSettings, sets: ControlSets, clean: ConditionMetrics,
+                   results: Sequence[ConditionMetrics], engine_notes: Sequence[str], info: dict) -> AblationResult:
+    """The AblationResult of a study's measured conditions (in study_conditions' order): stats and verdicts.
+
+    engine_notes: what the engine said it did; info: run_info(model, batch).
     """
     s = settings
     metrics = list(s.metrics)
-    n_layers, n_heads, _ = model_shape(model)
-    selection = _check_selection(selection, n_layers, n_heads)
-    if s.controls == "matched":
-        sets = matched_random_controls(selection, n_layers, n_heads, s.n_controls, s.seed)
-    else:
-        sets = any_layer_random_controls(selection, n_layers, n_heads, s.n_controls, s.seed)
-    conditions = [Ablation(selection, (), s.mode, "candidate")]
-    conditions += [Ablation(c, (), s.mode, f"control {i}") for i, c in enumerate(sets)]
-    if s.include_upper_bound:
-        conditions.append(Ablation(upper_bound(selection, n_heads), (), s.mode, "upper bound"))
-    notes: list[str] = [sets.note] if sets.note else []
-    clean, results = run_conditions(model, batch, conditions, chunk_size=s.chunk_size, device=device,
-                                    progress=progress, cancel=cancel, notes=notes)
     candidate = results[0]
     control_results = tuple(results[1 : 1 + len(sets)])
     upper = results[-1] if s.include_upper_bound else None
+    notes: list[str] = ([sets.note] if sets.note else []) + list(engine_notes)
     stats = condition_stats(clean, candidate, control_results, upper, metrics, s.n_boot, s.boot_seed)
     cand_d = {m: stats[m]["candidate_delta"] for m in metrics}
     ctrl_d = {m: stats[m]["control_deltas"] for m in metrics}
@@ -175,15 +219,31 @@ def ablation_study(
     if s.mode == "mean":
         notes.append("mean ablation: each head output replaced by its per-position mean over the probe examples (clean run).")
     provenance = {
-        "model": str(getattr(model.cfg, "model_name", "")), "n_layers": n_layers, "n_heads": n_heads,
-        "batch": dict(getattr(batch, "spec", {}) or {}), "n_examples": int(batch.tokens.shape[0]),
-        "seq_len": int(batch.tokens.shape[1]), "controls": s.controls, "control_seed": s.seed,
+        "model": info["model"], "n_layers": info["n_layers"], "n_heads": info["n_heads"], "batch": info["batch"],
+        "n_examples": info["n_examples"], "seq_len": info["seq_len"], "controls": s.controls, "control_seed": s.seed,
         "mode": s.mode, "bootstrap": {"n_boot": s.n_boot, "seed": s.boot_seed, "level": 0.95},
         "ablation_site": "blocks.{l}.attn.hook_z (head output before W_O), every position",
-        "torch": torch.__version__, "dtype": dtype_name(model_dtype(model)),
+        "torch": torch.__version__, "dtype": info["dtype"],
     }
-    return AblationResult(selection, s.mode, clean, candidate, control_results, sets, upper, stats, verdicts,
-                          tuple(notes), provenance)
+    return AblationResult(candidate.ablation.heads, s.mode, clean, candidate, control_results, sets, upper, stats,
+                          verdicts, tuple(notes), provenance)
+
+
+def preview_result(settings: AblationSettings, clean: ConditionMetrics,
+                   arrived: Mapping[int, ConditionMetrics]) -> AblationResult:
+    """What a running study has measured so far, to draw while it runs (arrived: on_condition's index ->
+    metrics; the candidate, index 0, must be there). No z, rank, p or verdict: those need every control."""
+    s = settings
+    candidate = arrived[0]
+    upper = next((m for m in arrived.values() if m.label == UPPER_BOUND), None)
+    controls = tuple(m for i, m in sorted(arrived.items()) if i > 0 and m.label != UPPER_BOUND)
+    stats = condition_stats(clean, candidate, controls, upper, s.metrics, s.n_boot, s.boot_seed)
+    for entry in stats.values():
+        entry.update(z=None, rank=None, p=None)
+    sets = ControlSets(s.controls, tuple(c.ablation.heads for c in controls), s.seed, s.n_controls, len(controls),
+                       note=f"preview: {len(controls)} controls so far")
+    return AblationResult(candidate.ablation.heads, s.mode, clean, candidate, controls, sets, upper, stats, {},
+                          (sets.note,), {})
 
 
 def summarize_ablation(result: AblationResult) -> dict:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from core.cli.probe import add_probe_spec_arguments, probe_spec_from_args
+from core.cli.probe import add_probe_spec_arguments, probe_spec_from_args, seed_arg
 from core.figures.bundle import export_bundle
 from core.figures.coactivation import coactivation_bundles
 from core.model.refs import ModelRef
@@ -44,7 +44,7 @@ def add_coactivation_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--null-partition", choices=("matched", "reference"), default="matched",
                         help="matched: exact stratum sizes (default); reference: uniform labels")
     parser.add_argument("--controls", type=int, default=DEFAULT_N_CONTROLS, help="random controls per kind (default 5)")
-    parser.add_argument("--control-seed", type=int, default=DEFAULT_CONTROL_SEED)
+    parser.add_argument("--control-seed", type=seed_arg, default=DEFAULT_CONTROL_SEED)
     parser.add_argument("--mode", choices=("zero", "mean"), default="zero")
     parser.add_argument("--no-closure", action="store_true", help="stop after the proposal (no ablation)")
     parser.add_argument("--figures", default=None, metavar="DIR",

@@ -13,7 +13,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from core.ablation.study import AblationSettings, ablation_study
-from core.cli.probe import add_probe_spec_arguments, probe_spec_from_args
+from core.cli.probe import add_probe_spec_arguments, probe_spec_from_args, seed_arg
 from core.errors import HeadLabError
 from core.figures.ablation import ablation_bundles
 from core.figures.attribution import attribution_bundles
@@ -28,6 +28,7 @@ from core.pipelines.attribution_results import AttributionSettings
 from core.pipelines.recipe import ScreenSettings, screen, screen_checkpoint
 from core.probe import head_stats
 from core.tasks.sequences import TASKS as SEQUENCE_TASKS
+from core.workspace import check_output_folder
 
 PROBE_FIGURES = ("spectral", "screen", "ablation")  # models probed with the induction or text batch
 SEQUENCE_FIGURES = ("attribution",)  # [HHG] reversal / sorting models
@@ -50,7 +51,7 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--controls", type=int, default=20, help="matched-random control draws (default 20)")
     parser.add_argument("--control-kind", choices=("matched", "any-layer"), default="matched")
     parser.add_argument("--mode", choices=("zero", "mean"), default="zero", help="ablation mode (default zero)")
-    parser.add_argument("--control-seed", type=int, default=123, help="seed of the control draws (default 123)")
+    parser.add_argument("--control-seed", type=seed_arg, default=123, help="seed of the control draws (default 123)")
     parser.add_argument("--formats", default=",".join(IMAGE_FORMATS),
                         help="image formats, comma-separated (default png,svg,pdf); CSV and JSON are always written")
     add_probe_spec_arguments(parser)
@@ -66,6 +67,7 @@ def _formats(text: str) -> tuple[str, ...]:
 
 def cli_export(args: argparse.Namespace) -> dict:
     """Write the chosen figures for MODEL into --out; returns the files written."""
+    check_output_folder(args.out, "--out")  # before any model runs
     formats = _formats(args.formats)
     ref = ModelRef.parse(args.model)
     sequence_model = manifest_task(ref) in SEQUENCE_TASKS

@@ -11,10 +11,22 @@ from core.errors import HeadLabError
 from core.cli.backend import add_backend_arguments, executor_from_args
 from core.executor import tqdm_progress
 from core.model.loading import DEFAULT_DTYPE, DTYPES
+from core.model.memory import check_probe_batch_fits
 from core.model.refs import ModelRef, list_checkpoints, resolve_checkpoint
 from core.pipelines.sweep import SweepItem, probe_sweep
 from core.probe import HEADSTATS_VERSION
+from core.tasks.probe_batch import MAX_SEED, check_seed
 from core.tasks.specs import TASKS, ProbeSpec, probe_spec
+
+
+def seed_arg(text: str) -> int:
+    """argparse type of every seed flag: a seed numpy cannot take is refused as the flags are read, before any work."""
+    try:
+        return check_seed(int(text), "the seed")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give a seed from 0 to {MAX_SEED}.") from None
+    except HeadLabError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_device_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,15 +42,17 @@ def add_probe_spec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", choices=TASKS, default="induction", help="probe task (default induction)")
     parser.add_argument("--n", type=int, default=256, help="probe sequences N (default 256)")
     parser.add_argument("--seq-len", type=int, default=64, help="probe length T (default 64)")
-    parser.add_argument("--seed", type=int, default=42, help="probe seed (default 42)")
+    parser.add_argument("--seed", type=seed_arg, default=42, help="probe seed (default 42)")
     parser.add_argument("--token-low", type=int, default=0, help="induction tokens from (default 0)")
     parser.add_argument("--token-high", type=int, default=256, help="induction tokens below (default 256: bytes)")
     add_device_arguments(parser)
 
 
 def probe_spec_from_args(args: argparse.Namespace) -> ProbeSpec:
-    """The probe spec the flags describe."""
-    return probe_spec(args.task, args.n, args.seq_len, args.seed, args.token_low, args.token_high)
+    """The probe spec the flags describe; refused before anything is built when its batch cannot fit in memory."""
+    spec = probe_spec(args.task, args.n, args.seq_len, args.seed, args.token_low, args.token_high)
+    check_probe_batch_fits(spec.n_examples, spec.seq_len)
+    return spec
 
 
 def add_probe_arguments(parser: argparse.ArgumentParser) -> None:

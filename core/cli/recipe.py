@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from core.ablation.study import AblationSettings, summarize_ablation
 from core.cli.backend import add_backend_arguments, executor_from_args
-from core.cli.probe import add_probe_spec_arguments, probe_spec_from_args
+from core.cli.probe import add_probe_spec_arguments, probe_spec_from_args, seed_arg
 from core.heads import parse_heads
 from core.model.loading import load_config
 from core.model.refs import ModelRef, list_checkpoints, resolve_checkpoint
@@ -96,7 +96,7 @@ def add_ablate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--control-kind", choices=("matched", "any-layer"), default="matched",
                         help="matched: same layers and counts (default); any-layer: same size anywhere")
     parser.add_argument("--mode", choices=("zero", "mean"), default="zero")
-    parser.add_argument("--control-seed", type=int, default=123)
+    parser.add_argument("--control-seed", type=seed_arg, default=123)
     add_probe_spec_arguments(parser)
 
 
@@ -122,7 +122,7 @@ def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="zoo name, local Hugging Face folder or hub name")
     parser.add_argument("--controls", type=int, default=20, help="matched-random draws (default 20)")
     parser.add_argument("--mode", choices=("zero", "mean"), default="zero")
-    parser.add_argument("--control-seed", type=int, default=123)
+    parser.add_argument("--control-seed", type=seed_arg, default=123)
     add_probe_spec_arguments(parser)
     add_backend_arguments(parser)
 

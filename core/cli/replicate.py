@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from core.cli.backend import add_backend_arguments, executor_from_args
-from core.cli.probe import add_device_arguments
+from core.cli.probe import add_device_arguments, seed_arg
 from core.executor import Executor
+from core.model.memory import check_probe_batch_fits
 from core.cli.replicate_report import FigureWriter, ReplicationReport, claim_figures, write_report
 from core.pipelines.replicate import ReplicateSettings, run_claim
 from core.pipelines.replicate_claims import PRESETS, TARGETS, claims_of
 from core.stats.dynamics import DEFAULT_MARGIN
-from core.workspace import reports_dir
+from core.workspace import check_output_folder, reports_dir
 
 
 def replicate(target: str, settings: ReplicateSettings = ReplicateSettings(), out: Optional[Path] = None,
@@ -58,11 +59,11 @@ def add_replicate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="report folder (default $HEADLAB_HOME/reports/replicate-<target>-<preset>); reruns resume there")
     parser.add_argument("--n", type=int, default=256, help="probe sequences N (default 256)")
     parser.add_argument("--seq-len", type=int, default=64, help="probe length T (default 64)")
-    parser.add_argument("--seed", type=int, default=42, help="probe seed (default 42)")
+    parser.add_argument("--seed", type=seed_arg, default=42, help="probe seed (default 42)")
     parser.add_argument("--controls", type=int, default=20, help="matched-random draws per ablation (default 20)")
     parser.add_argument("--closure-controls", type=int, default=5,
                         help="random controls per closure test over training (default 5, as the reference)")
-    parser.add_argument("--control-seed", type=int, default=123, help="seed of the control draws (default 123)")
+    parser.add_argument("--control-seed", type=seed_arg, default=123, help="seed of the control draws (default 123)")
     parser.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
                         help=f"PR-rise margin above the running minimum, PR units (default {DEFAULT_MARGIN})")
     parser.add_argument("--formats", default="png,svg", help="figure image formats (default png,svg; '' for none)")
@@ -73,6 +74,9 @@ def add_replicate_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cli_replicate(args: argparse.Namespace) -> dict:
     formats = tuple(f.strip().lower() for f in str(args.formats).split(",") if f.strip())
+    check_probe_batch_fits(args.n, args.seq_len)
+    if args.out is not None:
+        check_output_folder(args.out, "--out")
     settings = ReplicateSettings(preset=args.preset, n_examples=args.n, seq_len=args.seq_len, probe_seed=args.seed,
                                  n_controls=args.controls, closure_controls=args.closure_controls,
                                  control_seed=args.control_seed, margin=args.margin, device=args.device,

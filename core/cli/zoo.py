@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 
 from core.cli.backend import add_backend_arguments, executor_from_args
+from core.model.refs import zoo_model_dir
 from core.tasks.sequences import SEQ_VOCAB_SIZE
 from core.tasks.vocab import BYTE_VOCAB_SIZE
-from core.workspace import zoo_dir
 from core.zoo.config import FAMILIES, SEQUENCE_TASKS, TASKS
 from core.zoo.hub_cache import REVISION_STYLES, write_hub_cache
 from core.zoo.presets import ZOO_PRESETS, check_threads_per_model, estimate_zoo, task_recipe, train_zoo, zoo_record
@@ -41,17 +41,24 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cli_train(args: argparse.Namespace) -> dict:
     """Train one model from flags into zoo_dir()/<name>; returns its zoo record."""
+    out_dir = zoo_model_dir(args.name)  # one folder name inside the zoo, never a path
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     base_model, base_train = task_recipe(args.task)
-    d_model = args.d_model or base_model.d_model
+    # a flag left out takes the task's default; a given 0 goes to the configs, which refuse it
+    d_model = chosen(args.d_model, base_model.d_model)
     model_cfg = replace(
-        base_model, family=args.family, n_layers=args.layers or base_model.n_layers,
-        n_heads=args.heads or base_model.n_heads, d_model=d_model, d_ff=args.d_ff or 4 * d_model,
+        base_model, family=args.family, n_layers=chosen(args.layers, base_model.n_layers),
+        n_heads=chosen(args.heads, base_model.n_heads), d_model=d_model, d_ff=chosen(args.d_ff, 4 * d_model),
         vocab_size=SEQ_VOCAB_SIZE if args.task in SEQUENCE_TASKS else BYTE_VOCAB_SIZE,
     )
-    train_cfg = replace(base_train, seed=args.seed, steps=args.steps or base_train.steps, init_from=args.init_from)
-    manifest = train_model(args.name, model_cfg, train_cfg, zoo_dir() / args.name, progress=not args.no_progress)
+    train_cfg = replace(base_train, seed=args.seed, steps=chosen(args.steps, base_train.steps), init_from=args.init_from)
+    manifest = train_model(args.name, model_cfg, train_cfg, out_dir, progress=not args.no_progress)
     return zoo_record(manifest)
+
+
+def chosen(value: int | None, default: int) -> int:
+    """A flag's value, or the default when the flag was left out (0 is a value, not "left out")."""
+    return default if value is None else value
 
 
 def add_zoo_arguments(parser: argparse.ArgumentParser) -> None:

@@ -21,6 +21,12 @@ HOOK_NAMES = {
     "z": "blocks.{layer}.attn.hook_z",  # [batch, pos, head, d_head], the output projection's input
     "pattern": "blocks.{layer}.attn.hook_pattern",  # [batch, head, query, key]
     "attn_out": "blocks.{layer}.attn.hook_out",  # [batch, pos, d_model]
+    "resid_pre": "blocks.{layer}.hook_resid_pre",  # [batch, pos, d_model], the residual entering the block
+    # [batch, pos, head, d_model]: each head's own copy of resid_pre before its query / key / value
+    # (only while cfg.use_split_qkv_input is on; path patching sets it)
+    "q_input": "blocks.{layer}.attn.hook_q_input",
+    "k_input": "blocks.{layer}.attn.hook_k_input",
+    "v_input": "blocks.{layer}.attn.hook_v_input",
     "mlp_out": "blocks.{layer}.hook_mlp_out",  # [batch, pos, d_model], HookedTransformer-style bridges
     "mlp_module_out": "blocks.{layer}.mlp.hook_out",  # [batch, pos, d_model], the bridge's MLP module
     # [batch * pos, expert] on MoE; a gated dense MLP's gate projection has the same name

@@ -5,7 +5,9 @@ weights (no LayerNorm folding, no value-bias folding), so the hooks and W_O view
 core/model/hooks.py read the model's own computation (METHODS.md, Step 1 pitfall). Before any
 weight is read, the config alone gives a memory estimate (core/model/memory.py; refused when the
 model cannot fit) and local safetensors files are checked for truncation, so a user gets a
-sentence naming the problem.
+sentence naming the problem; local weights that do not match their config.json (a missing layer, an
+extra one, another shape) are refused after loading, naming the tensors. Error messages offer to
+delete only a zoo model's own folder (refs.repair_hint), never a folder the user handed in.
 Which model and checkpoint is core/model/refs.py.
 
 Nothing is cached here: the app caches loaded models with st.cache_resource.
@@ -28,7 +30,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFa
 
 from core.errors import HeadLabError
 from core.model.memory import check_fits_in_memory
-from core.model.refs import RETRAIN_HINT, ModelRef, checkpoint_path, require_cached
+from core.model.refs import ModelRef, checkpoint_path, repair_hint, require_cached
 
 # The precisions a model can be loaded in (--dtype). Statistics are accumulated in float32 whatever
 # the model's dtype (core/probe.py, core/ablation/), so only the forward pass runs in half precision.
@@ -88,8 +90,8 @@ def load_config(ref: ModelRef, revision: str | None = None) -> Any:
     local = ref.kind != "hub"
     if local and not (Path(source) / "config.json").is_file():
         raise HeadLabError(
-            f"{Path(source) / 'config.json'} is missing; delete the checkpoint folder {source} "
-            f"and retrain or re-save it (e.g. {RETRAIN_HINT})."
+            f"{Path(source) / 'config.json'} is missing, so {source} is not a loadable checkpoint; "
+            f"{repair_hint(source)}."
         )
     if not local:
         require_cached(ref.name, revision)  # offline: a clear sentence, not transformers' OSError
@@ -97,10 +99,13 @@ def load_config(ref: ModelRef, revision: str | None = None) -> Any:
         with _offline(local):
             return AutoConfig.from_pretrained(str(source), revision=None if local else revision)
     except Exception as exc:
-        where = Path(source) / "config.json" if local else f"hub model {source} at {revision or 'main'}"
+        if local:
+            raise HeadLabError(
+                f"cannot read the config {Path(source) / 'config.json'} ({type(exc).__name__}); {repair_hint(source)}."
+            ) from None
         raise HeadLabError(
-            f"cannot read the config of {where} ({type(exc).__name__}); check the name and "
-            f"revision, or delete and retrain a corrupt local checkpoint (e.g. {RETRAIN_HINT})."
+            f"cannot read the config of hub model {source} at {revision or 'main'} ({type(exc).__name__}); "
+            "check the name and the revision."
         ) from None
 
 
@@ -123,16 +128,10 @@ def verify_safetensors_folder(folder: Path) -> list[Path]:
     if not files:
         pickled = sorted(p.name for p in folder.glob("*.bin"))
         what = f"only pickled weights ({', '.join(pickled)})" if pickled else "no weight files"
-        raise HeadLabError(
-            f"checkpoint folder {folder} has {what}; save it with save_pretrained "
-            f"(safetensors) or delete and retrain it (e.g. {RETRAIN_HINT})."
-        )
+        raise HeadLabError(f"checkpoint folder {folder} has {what}; {repair_hint(folder)}.")
     for path in files:
         if not path.is_file():
-            raise HeadLabError(
-                f"weight file {path} is missing; delete the checkpoint folder {folder} and "
-                f"retrain it (e.g. {RETRAIN_HINT})."
-            )
+            raise HeadLabError(f"weight file {path} is missing; {repair_hint(folder)}.")
         _check_safetensors_file(path, folder)
     return files
 
@@ -154,10 +153,7 @@ def _check_safetensors_file(path: Path, folder: Path) -> None:
 
 
 def _corrupt(path: Path, folder: Path) -> HeadLabError:
-    return HeadLabError(
-        f"weight file {path} is corrupt or truncated; delete the checkpoint folder {folder} and "
-        f"retrain it (e.g. {RETRAIN_HINT})."
-    )
+    return HeadLabError(f"weight file {path} is corrupt or truncated; {repair_hint(folder)}.")
 
 
 def load_hf_model(ref: ModelRef, revision: str | None = None, device: str = "cpu",
@@ -179,8 +175,8 @@ def load_hf_model(ref: ModelRef, revision: str | None = None, device: str = "cpu
     if local:
         verify_safetensors_folder(Path(source))
     kwargs: dict[str, Any] = {"attn_implementation": "eager", "dtype": torch_dtype}
-    if local:
-        kwargs["use_safetensors"] = True
+    if local:  # mismatches come back in the loading info (and are refused below) instead of a RuntimeError
+        kwargs.update(use_safetensors=True, output_loading_info=True, ignore_mismatched_sizes=True)
     else:
         kwargs["revision"] = revision
     try:
@@ -190,13 +186,46 @@ def load_hf_model(ref: ModelRef, revision: str | None = None, device: str = "cpu
         if local:
             raise HeadLabError(
                 f"cannot load the weights in {source} ({type(exc).__name__}: {str(exc)[:200]}); "
-                f"delete the checkpoint folder and retrain it (e.g. {RETRAIN_HINT})."
+                f"{repair_hint(source)}."
             ) from None
         raise HeadLabError(
             f"cannot load hub model {source} at {revision or 'main'} ({type(exc).__name__}); "
             "check the name, the revision and the network."
         ) from None
+    if local:
+        model, info = model
+        _refuse_mismatched_weights(info, Path(source))
     return model.to(device).eval()
+
+
+def _refuse_mismatched_weights(info: dict, folder: Path) -> None:
+    """Refuse weights that do not fit the config, naming the tensors.
+
+    Left alone, transformers initialises missing tensors at random and drops unexpected ones with
+    only a log line: a config.json saying 4 layers over weights holding 3 would give statistics of
+    a random layer. info: from_pretrained's loading info (missing, unexpected, mismatched keys).
+    """
+    missing = sorted(info.get("missing_keys") or ())
+    unexpected = sorted(info.get("unexpected_keys") or ())
+    mismatched = sorted(info.get("mismatched_keys") or ())
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} tensors the config asks for are not in the weights ({_first(missing)})")
+    if unexpected:
+        problems.append(f"{len(unexpected)} tensors in the weights have no place in the config ({_first(unexpected)})")
+    if mismatched:
+        shapes = [f"{key} is {tuple(saved)} in the weights but {tuple(wanted)} in the config"
+                  for key, saved, wanted in mismatched]
+        problems.append(f"{len(mismatched)} tensors have another shape ({_first(shapes)})")
+    if problems:
+        raise HeadLabError(
+            f"the weights in {folder} do not match its config.json: {'; '.join(problems)}; make config.json "
+            f"describe these weights (e.g. num_hidden_layers) or {repair_hint(folder)}."
+        )
+
+
+def _first(items: list[str], shown: int = 3) -> str:
+    return ", ".join(items[:shown]) + (f", ... ({len(items)} in all)" if len(items) > shown else "")
 
 
 def load_model(ref: ModelRef, revision: str | None = None, device: str = "cpu",

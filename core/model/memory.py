@@ -114,6 +114,35 @@ def check_fits_in_memory(
     return need
 
 
+# ------------------------------------------------------------------------------ the probe batch itself
+
+# A probe batch's token ids: int64, drawn then copied once (numpy's astype) while it is built.
+BATCH_BYTES_PER_TOKEN = 16
+BATCH_BYTES_PER_EXAMPLE = 8 * 8  # query, target, induction and duplicate positions (int64), with their copies
+
+
+def probe_batch_bytes(n_examples: int, seq_len: int) -> int:
+    """Peak bytes of building a probe batch of n_examples x seq_len tokens (before any model runs)."""
+    return int(n_examples) * (int(seq_len) * BATCH_BYTES_PER_TOKEN + BATCH_BYTES_PER_EXAMPLE)
+
+
+def check_probe_batch_fits(n_examples: int, seq_len: int, available_bytes: int | None = None) -> int:
+    """Refuse (HeadLabError) a probe batch whose tokens alone would not fit; returns its bytes.
+
+    Asked before the batch is built, so a typo such as `--n 1000000000000` is a sentence, not numpy's
+    failed 466 TiB allocation. Compared with memory_budget (SAFETY_FRACTION of the free memory).
+    """
+    need = probe_batch_bytes(n_examples, seq_len)
+    budget = memory_budget("cpu", available_bytes)
+    if need > budget:
+        raise HeadLabError(
+            f"a probe of {int(n_examples):,} sequences of {int(seq_len)} tokens needs ~{need / 1e9:.3g} GB for its "
+            f"tokens alone, more than the {budget / 1e9:.2f} GB HeadLab may use ({SAFETY_FRACTION:.0%} of the free memory); "
+            "use a smaller --n (the reference probe uses 2000 sequences) or a shorter --seq-len."
+        )
+    return need
+
+
 # ------------------------------------------------------------------------------ one example's forward
 
 

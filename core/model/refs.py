@@ -25,7 +25,7 @@ from huggingface_hub.errors import CacheNotFound
 
 from core.errors import HeadLabError
 from core.results import JsonResult
-from core.workspace import zoo_dir
+from core.workspace import headlab_home, zoo_dir
 
 KINDS = ("zoo", "local", "hub")
 PYTHIA_TOKENS_PER_STEP = 2_097_152  # 1024 sequences x 2048 tokens per Pythia optimizer step
@@ -34,7 +34,10 @@ RETRAIN_HINT = "python -m core zoo --preset quick"
 MANIFEST = "manifest.json"
 # Weights up to this size are hashed in full for the fingerprint; larger ones by name, size, mtime.
 FULL_HASH_LIMIT = 64 * 2**20
-_HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.\-]*/[A-Za-z0-9][\w.\-]*$")
+# org/name; the hub allows at most 96 characters on each side of the slash
+_HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.\-]{0,95}/[A-Za-z0-9][\w.\-]{0,95}$")
+# a zoo model's folder name: one plain name (no path separators, no "." or "..", not hidden)
+_ZOO_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,127}$")
 _PYTHIA_REVISION = re.compile(r"^step(\d+)$")
 _OLMO_REVISION = re.compile(r"^step(\d+)-tokens(\d+(?:\.\d+)?)B$")
 
@@ -57,21 +60,65 @@ class ModelRef(JsonResult):
     def parse(text: str) -> "ModelRef":
         """Read a model the way a user types it: a folder path, a zoo name, or org/model."""
         text = str(text).strip()
-        if text and Path(text).expanduser().is_dir():
-            return ModelRef(str(Path(text).expanduser().resolve()), "local")
+        folder = _existing_folder(text)
+        if folder is not None:
+            if not ((folder / "config.json").is_file() or (folder / MANIFEST).is_file()):
+                raise HeadLabError(
+                    f"folder {folder} is not a model checkpoint: it holds no config.json (a Hugging Face model saved "
+                    "with save_pretrained, beside its *.safetensors weights) and no HeadLab manifest.json; give such "
+                    "a folder, a zoo name or a hub name like EleutherAI/pythia-160m."
+                )
+            return ModelRef(str(folder), "local")
         zoo = list_zoo()
         if text in zoo:
             return ModelRef(text, "zoo")
         if _HUB_NAME.match(text):
             return ModelRef(text, "hub")
         names = ", ".join(zoo) if zoo else f"none yet (run {RETRAIN_HINT})"
+        shown = text if len(text) <= 80 else text[:60] + f"... ({len(text)} characters)"
         raise HeadLabError(
-            f"unknown model {text!r}; zoo models: {names}; or give a local Hugging Face folder "
+            f"unknown model {shown!r}; zoo models: {names}; or give a local Hugging Face folder "
             "or a hub name like EleutherAI/pythia-160m."
         )
 
     def __str__(self) -> str:
         return self.name
+
+
+def _existing_folder(text: str) -> Path | None:
+    """The folder `text` names (absolute, ~ expanded), or None: not a folder, or not a path at all (too long)."""
+    if not text:
+        return None
+    try:
+        path = Path(text).expanduser()
+        return path.resolve() if path.is_dir() else None
+    except (OSError, RuntimeError):  # a name longer than the file system allows; ~user of no such user
+        return None
+
+
+def zoo_model_dir(name: str) -> Path:
+    """Where zoo model `name` lives: zoo_dir() / name. A zoo name is one plain folder name, never a path."""
+    name = str(name)
+    if not _ZOO_NAME.match(name):
+        raise HeadLabError(
+            f"zoo model name {name!r} is not a plain folder name; use letters, digits, '.', '-' or '_' "
+            "(at most 128 characters, starting with a letter or digit), e.g. my-induction-model."
+        )
+    return zoo_dir() / name
+
+
+def repair_hint(folder: Path | str) -> str:
+    """What to do about a broken model folder. Only a zoo model's own folder, which HeadLab made, is
+    ever offered for deletion; any other folder belongs to the user and is named, never condemned."""
+    zoo = (headlab_home(create=False) / "zoo").resolve()  # an error path: create nothing
+    try:
+        inside = Path(folder).resolve().relative_to(zoo).parts
+    except (OSError, ValueError):
+        inside = ()
+    if inside:
+        return f"delete the zoo model folder {zoo / inside[0]} and retrain it (e.g. {RETRAIN_HINT})"
+    return ("re-save the model there with save_pretrained (config.json and *.safetensors weights) or give "
+            "another folder")
 
 
 @dataclass(frozen=True)
@@ -109,8 +156,7 @@ def read_manifest(model: str | Path, missing_ok: bool = False) -> dict | None:
         return manifest
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise HeadLabError(
-            f"manifest {path} is unreadable ({type(exc).__name__}: {exc}); delete the model "
-            f"folder {path.parent} and retrain it (e.g. {RETRAIN_HINT})."
+            f"manifest {path} is unreadable ({type(exc).__name__}: {exc}); {repair_hint(path.parent)}."
         ) from None
 
 
@@ -277,12 +323,16 @@ def checkpoint_path(ref: ModelRef, revision: str | None = None) -> Path | str:
     root = zoo_dir() / ref.name if ref.kind == "zoo" else Path(ref.name)
     if checkpoint.revision == "main" and not (root / MANIFEST).is_file():
         return root
-    folder = root / "checkpoints" / checkpoint.revision
-    if not folder.is_dir():
+    revision = checkpoint.revision
+    if not revision or revision in (".", "..") or Path(revision).name != revision or "\\" in revision:
         raise HeadLabError(
-            f"checkpoint folder {folder} is missing; delete {root} and retrain the model "
-            f"(e.g. {RETRAIN_HINT})."
+            f"the manifest of {root} names checkpoint {revision!r}, which is not a folder of {root / 'checkpoints'} "
+            f"(a revision is one folder name, never a path); fix or remove that entry of {root / MANIFEST}, "
+            f"or {repair_hint(root)}."
         )
+    folder = root / "checkpoints" / revision
+    if not folder.is_dir():
+        raise HeadLabError(f"checkpoint folder {folder} is missing; {repair_hint(root)}.")
     return folder
 
 

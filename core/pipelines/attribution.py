@@ -50,7 +50,7 @@ from tqdm import tqdm
 from core.errors import HeadLabError
 from core.executor import Executor, Task, tqdm_progress
 from core.model.loading import DEFAULT_DTYPE, dtype_name, load_hf_model, load_model
-from core.model.refs import ModelRef, list_zoo, resolve_checkpoint
+from core.model.refs import ModelRef, list_zoo, repair_hint, resolve_checkpoint
 from core.pipelines.attribution_measures import (
     AccuracyUnderAblation,
     NoOODLengthError,
@@ -137,7 +137,7 @@ def manifest_task(ref: Any) -> str | None:
     try:
         return json.loads((root / "manifest.json").read_text()).get("task")
     except (OSError, ValueError):
-        raise HeadLabError(f"{root / 'manifest.json'} is unreadable; delete {root} and retrain the model.") from None
+        raise HeadLabError(f"{root / 'manifest.json'} is unreadable; {repair_hint(root)}.") from None
 
 
 def analyze_ref(ref: Any, settings: AttributionSettings, revision: str | None = None, device: str = "cpu",

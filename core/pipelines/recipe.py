@@ -148,8 +148,10 @@ class ScreenSettings(JsonResult):
             raise HeadLabError(f"screen definition {self.definition!r} is unknown; use one of {', '.join(PR_DEFINITIONS)}.")
         if self.baseline not in BASELINE_KINDS:
             raise HeadLabError(f"screen baseline {self.baseline!r} is unknown; use one of {', '.join(BASELINE_KINDS)}.")
-        if not self.class_threshold > 0 or (self.induction_threshold is not None and not self.induction_threshold > 0):
-            raise HeadLabError("screen thresholds must be positive selectivities (e.g. 30 or 12.5).")
+        thresholds = [self.class_threshold] + ([] if self.induction_threshold is None else [self.induction_threshold])
+        if not all(np.isfinite(t) and t > 0 for t in thresholds):
+            raise HeadLabError(f"screen thresholds must be positive finite selectivities (e.g. 30 or 12.5), got "
+                               f"{', '.join(str(t) for t in thresholds)}.")
         if int(self.n_null_draws) < 0:
             raise HeadLabError(f"screen n_null_draws must be >= 0, got {self.n_null_draws}.")
         object.__setattr__(self, "n_null_draws", int(self.n_null_draws))

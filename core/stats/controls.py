@@ -18,6 +18,7 @@ import numpy as np
 from core.errors import HeadLabError
 from core.heads import HeadSet
 from core.results import JsonResult
+from core.tasks.probe_batch import check_seed
 
 CONTROL_KINDS = ("matched", "any-layer")
 
@@ -91,6 +92,7 @@ def matched_random_controls(selection: HeadSet, n_layers: int, n_heads: int, n_d
     a repeated set is drawn again. When n_draws >= the number of distinct sets, all are returned.
     """
     selection = _check_selection(selection, n_layers, n_heads)
+    seed = check_seed(seed, "the control seed")
     counts = selection.count_per_layer()
     for layer, k in sorted(counts.items()):
         if k > n_heads - k:
@@ -126,6 +128,7 @@ def any_layer_random_controls(selection: HeadSet, n_layers: int, n_heads: int, n
     (layer, head) order, as the reference natural-text closure script does.
     """
     selection = _check_selection(selection, n_layers, n_heads)
+    seed = check_seed(seed, "the control seed")
     if n_draws < 1:
         raise HeadLabError("ask for at least one control draw.")
     free = [(l, h) for l in range(n_layers) for h in range(n_heads) if (l, h) not in selection]

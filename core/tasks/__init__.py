@@ -1,8 +1,10 @@
-"""Seeded data for probing and training: the induction and natural-text probe batches, byte text, [HHG] sequences.
+"""Seeded data for probing and training: the induction and natural-text probe batches, clean/corrupted
+pairs for patching, byte text, [HHG] sequences.
 
 Everything random takes an explicit seed, so a probe spec fully determines its batch.
 """
 
+from core.tasks.counterfactual import InductionCounterfactualSpec, PatchPair
 from core.tasks.induction import InductionProbeSpec, default_zoo_probe_spec, reference_probe_spec
 from core.tasks.probe_batch import PATTERNS, ProbeBatch
 from core.tasks.specs import ProbeSpec, probe_spec, spec_from_json
@@ -16,7 +18,9 @@ __all__ = [
     "PAD",
     "PATTERNS",
     "SEP",
+    "InductionCounterfactualSpec",
     "InductionProbeSpec",
+    "PatchPair",
     "ProbeBatch",
     "ProbeSpec",
     "TextProbeSpec",

@@ -16,7 +16,7 @@ import torch
 
 from core.errors import HeadLabError
 from core.results import JsonResult
-from core.tasks.probe_batch import ProbeBatch
+from core.tasks.probe_batch import ProbeBatch, check_seed
 
 MIN_SEQ_LEN = 8
 REFERENCE_P_LOW = 20  # reference: p uniform in [20, T/2)
@@ -53,8 +53,7 @@ class InductionProbeSpec(JsonResult):
                 "Induction probe token range [token_low, token_high) must hold at least 3 tokens "
                 "(A, B and at least one filler); widen it."
             )
-        if self.seed < 0:
-            raise HeadLabError("Induction probe seed must be >= 0.")
+        check_seed(self.seed, "Induction probe seed")
 
     @property
     def p_range(self) -> tuple[int, int]:

@@ -18,7 +18,7 @@ from pydoc_data.topics import topics
 
 from core.errors import HeadLabError
 from core.results import JsonResult
-from core.tasks.probe_batch import ProbeBatch
+from core.tasks.probe_batch import ProbeBatch, check_seed
 from core.tasks.vocab import BOS
 
 SPLITS = ("train", "heldout")
@@ -86,8 +86,7 @@ class TextProbeSpec(JsonResult):
                 f"Text probe seq_len must be between {MIN_TEXT_SEQ_LEN} and {MAX_TEXT_SEQ_LEN}; "
                 "choose one in that range."
             )
-        if self.seed < 0:
-            raise HeadLabError("Text probe seed must be >= 0.")
+        check_seed(self.seed, "Text probe seed")
 
     def check_vocab(self, vocab_size: int) -> None:
         """Refuse a model whose vocabulary has no room for bytes plus BOS."""

@@ -44,7 +44,7 @@ class ModelConfig(JsonResult):
             raise HeadLabError(f"Unknown model family {self.family!r}; choose one of {', '.join(FAMILIES)}.")
         for name in ("n_layers", "n_heads", "d_model", "d_ff", "vocab_size", "max_seq_len"):
             if int(getattr(self, name)) < 1:
-                raise HeadLabError(f"Model {name} must be a positive integer.")
+                raise HeadLabError(f"Model {name} is {getattr(self, name)}; give a positive integer.")
         if self.n_kv_heads is not None:
             if self.family == "gpt_neox":
                 raise HeadLabError("GPT-NeoX has no grouped-query attention; leave n_kv_heads unset.")
@@ -100,7 +100,8 @@ class TrainConfig(JsonResult):
         if self.task not in TASKS:
             raise HeadLabError(f"Unknown training task {self.task!r}; choose one of {', '.join(TASKS)}.")
         if int(self.steps) < (0 if self.task == "none" else 1) or int(self.batch_size) < 1:
-            raise HeadLabError("Training steps and batch_size must be positive integers.")
+            raise HeadLabError(f"Training steps ({self.steps}) and batch_size ({self.batch_size}) must be positive "
+                               "integers; give at least 1.")
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
 
     @property

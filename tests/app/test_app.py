@@ -203,6 +203,14 @@ def test_typo_in_typed_heads_shows_error_and_page_keeps_working(report):
     assert not at.button(key="run_ablation").disabled
 
 
+def test_backend_choice_is_serial_unless_the_user_picks_ray(report):
+    at = open_page(make_app(), "ablation")
+    box = at.selectbox(key="_w_backend")
+    assert box.value == "serial" and box.options == ["serial", "ray"]
+    assert at.session_state[WORKSPACE].backend == "serial"
+    assert "backend" not in at.query_params  # a shared link must not start Ray on its reader's server
+
+
 def test_inspector_shows_the_chosen_head(report):
     at = open_page(make_app(head="L1H3"), "inspector")
     assert not at.exception and errors(at) == []

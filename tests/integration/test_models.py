@@ -208,7 +208,8 @@ def test_truncated_safetensors_file_is_refused_naming_the_file(tmp_path):
     weights = folder / "model.safetensors"
     data = weights.read_bytes()
     weights.write_bytes(data[: len(data) // 2])
-    with pytest.raises(HeadLabError, match="model.safetensors is corrupt or truncated; delete"):
+    # the folder is the user's, not the zoo's: re-save it, never "delete"
+    with pytest.raises(HeadLabError, match="model.safetensors is corrupt or truncated; re-save the model there"):
         load_model(ModelRef.parse(str(folder)))
 
 
@@ -237,11 +238,16 @@ def test_sharded_index_naming_a_missing_shard_is_refused(tmp_path):
         load_model(ModelRef.parse(str(folder)))
 
 
-def test_missing_config_is_refused(tmp_path):
+def test_missing_config_is_refused(tmp_path, home):
     folder = save_tiny_model("gpt_neox", tmp_path / "broken")
     (folder / "config.json").unlink()
-    with pytest.raises(HeadLabError, match="config.json is missing"):
+    with pytest.raises(HeadLabError, match="is not a model checkpoint: it holds no config.json"):
         load_model(ModelRef.parse(str(folder)))
+    # a zoo checkpoint without its config: HeadLab's own folder, so deleting and retraining it is the advice
+    zoo_model = make_fake_zoo(home / "zoo", "induction-neox", "gpt_neox", steps=(0,))
+    (zoo_model / "checkpoints" / "step000000" / "config.json").unlink()
+    with pytest.raises(HeadLabError, match=f"config.json is missing.*delete the zoo model folder {zoo_model.resolve()}"):
+        load_model(ModelRef.parse("induction-neox"))
 
 
 def test_unavailable_cuda_device_is_refused(saved):
@@ -320,6 +326,9 @@ def test_model_ref_parse_kinds(home, tmp_path):
     assert ModelRef.parse("allenai/OLMo-1B-hf").kind == "hub"
     folder = tmp_path / "some-folder"
     folder.mkdir()
+    with pytest.raises(HeadLabError, match="some-folder is not a model checkpoint"):
+        ModelRef.parse(str(folder))  # an empty folder (or /etc, or ~) is not a model
+    (folder / "config.json").write_text("{}")
     ref = ModelRef.parse(str(folder))
     assert ref.kind == "local" and Path(ref.name) == folder.resolve()
     assert ModelRef.from_json(ref.to_json()) == ref

@@ -1,0 +1,198 @@
+"""Path patching: sender heads -> receiver heads, through the receivers' queries, keys or values.
+
+The method of the IOI paper [Wang et al. 2022]: per chunk of examples, on the base run (the
+corrupted prompts when denoising, the clean ones when noising),
+1. patch the senders' hook_z from the source run and freeze every other head at its base-run z
+   (MLPs and norms recompute), and record the residual stream entering each receiver's layer;
+2. run the base prompts again with only the receivers' chosen inputs (q, k and/or v) read from
+   that recorded residual, everything else recomputed, and measure the metric.
+So only what the senders send into the receivers' chosen inputs (directly, or through MLPs)
+changes. Step 2 uses TransformerLens's per-head attention inputs (`cfg.use_split_qkv_input`,
+hooks blocks.{l}.attn.hook_{q,k,v}_input [batch, pos, head, d_model]), switched on for the run and
+restored after. TransformerLens 4.3's own `patching.get_act_patch_direct_path` patches one sender
+into one receiver at a time with MLPs frozen; groups of senders and receivers, with random sender
+groups as controls, need this module.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from core.ablation.patching.runs import (ChunkRuns, Hook, PatchSettings, Progress, check_pair_fits, patch_provenance,
+                                         patched_run, run_chunks)
+from core.errors import HeadLabError
+from core.heads import HeadSet
+from core.model.hooks import hook_name, model_shape
+from core.results import JsonResult
+from core.stats.controls import ControlSets, _check_selection, matched_random_controls
+from core.stats.patching import against_controls, normalized_score
+from core.tasks.counterfactual import PatchPair
+
+COMPONENTS = ("q", "k", "v")
+
+
+@dataclass(frozen=True, eq=False)
+class PathPatching(JsonResult):
+    """Senders -> receivers' components, and random sender groups into the same receivers as controls.
+
+    score, control_scores: normalized (clean 1, corrupted 0); stats: z, rank, p against the controls;
+    identity_max_diff: the largest logit change when the senders are patched from the base run itself.
+    """
+
+    direction: str
+    metric: str
+    clean_value: float
+    corrupted_value: float
+    senders: HeadSet
+    receivers: HeadSet
+    components: tuple[str, ...]
+    score: float
+    control_sets: ControlSets
+    control_scores: tuple[float, ...]
+    stats: dict
+    identity_max_diff: float
+    provenance: dict
+
+
+def check_components(components: Sequence[str] | str) -> tuple[str, ...]:
+    """Receiver inputs as a sorted tuple of "q", "k", "v" (a string like "k" or "q,k" is accepted)."""
+    items = components.replace(",", " ").split() if isinstance(components, str) else list(components)
+    if not items or any(c not in COMPONENTS for c in items):
+        raise HeadLabError(f"receiver components {components!r} are not understood; use any of q, k, v (e.g. 'k' or 'q,k').")
+    return tuple(sorted(set(items), key=COMPONENTS.index))
+
+
+def _check_route(model: Any, senders: HeadSet, receivers: HeadSet, components: tuple[str, ...]) -> None:
+    n_layers, n_heads, _ = model_shape(model)
+    if max(senders.layers) >= min(receivers.layers):
+        raise HeadLabError(f"every sender must sit in a layer before every receiver; senders reach layer "
+                           f"{max(senders.layers)} and receivers start at layer {min(receivers.layers)}.")
+    n_kv = getattr(model.cfg, "n_key_value_heads", None)
+    if n_kv is not None and int(n_kv) != n_heads and set(components) & {"k", "v"}:
+        raise HeadLabError(f"this model shares each key/value head among {n_heads // int(n_kv)} query heads (GQA), so a "
+                           "receiver's own key or value input is undefined; patch into queries ('q').")
+    if not hasattr(model, "set_use_split_qkv_input"):
+        raise HeadLabError("this model offers no per-head attention inputs (set_use_split_qkv_input); path patching "
+                           "needs a TransformerLens TransformerBridge.")
+
+
+@contextmanager
+def split_qkv_inputs(model: Any) -> Iterator[None]:
+    """Per-head q/k/v inputs on for the duration (they cost 3 x n_heads copies of the residual); flags restored."""
+    saved_split = bool(getattr(model.cfg, "use_split_qkv_input", False))
+    saved_attn_in = bool(getattr(model.cfg, "use_attn_in", False))
+    try:
+        if saved_attn_in:  # the two per-head forks exclude each other
+            model.set_use_attn_in(False)
+        model.set_use_split_qkv_input(True)
+        yield
+    finally:
+        model.set_use_split_qkv_input(saved_split)
+        if saved_attn_in:
+            model.set_use_attn_in(True)
+
+
+def _sender_hooks(runs: ChunkRuns, senders: HeadSet, source_z: Sequence[torch.Tensor], last_layer: int) -> list[Hook]:
+    """Step 1's z hooks: senders from `source_z`, every other head frozen at its base-run z (layers < last_layer)."""
+    hooks = []
+    for layer in range(last_layer):
+        index = [h for l, h in senders if l == layer]
+
+        def hook(z, hook=None, layer=layer, index=index):
+            out = runs.base_z[layer].to(z.dtype).clone()  # [row, pos, head, d_head]
+            if index:
+                out[:, :, index] = source_z[layer][:, :, index].to(z.dtype)
+            return out
+
+        hooks.append((hook_name("z", layer), hook))
+    return hooks
+
+
+def _receiver_hooks(recorded: dict[int, torch.Tensor], receivers: HeadSet, components: tuple[str, ...],
+                    fired: list[str]) -> list[Hook]:
+    """Step 2's hooks: each receiver's chosen inputs [row, pos, head, d_model] read from the recorded residual."""
+    hooks = []
+    for layer in receivers.layers:
+        index = [h for l, h in receivers if l == layer]
+        for component in components:
+            name = hook_name(f"{component}_input", layer)
+
+            def hook(x, hook=None, layer=layer, index=index, name=name):
+                fired.append(name)
+                x = x.clone()
+                x[:, :, index] = recorded[layer][:, :, None, :].to(x.dtype)
+                return x
+
+            hooks.append((name, hook))
+    return hooks
+
+
+@torch.no_grad()
+def path_run(model: Any, runs: ChunkRuns, senders: HeadSet, receivers: HeadSet, components: tuple[str, ...],
+             source_z: Sequence[torch.Tensor], metric: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two steps on one chunk: (metric values [row], query logits [row, vocab])."""
+    recorded: dict[int, torch.Tensor] = {}
+
+    def keep(layer: int):
+        def hook(x, hook=None):
+            recorded[layer] = x.detach()  # [row, pos, d_model], the residual entering the receiver's layer
+            return x
+        return hook
+
+    hooks = _sender_hooks(runs, senders, source_z, max(receivers.layers))
+    hooks += [(hook_name("resid_pre", layer), keep(layer)) for layer in receivers.layers]
+    model.run_with_hooks(runs.base_tokens, fwd_hooks=hooks)
+    fired: list[str] = []
+    receiver_hooks = _receiver_hooks(recorded, receivers, components, fired)
+    with split_qkv_inputs(model):
+        out = patched_run(model, runs, receiver_hooks, metric)
+    missing = sorted({name for name, _ in receiver_hooks} - set(fired))
+    if missing:
+        raise HeadLabError(f"{missing[0]} never ran: this model's attention has no per-head input there, so path "
+                           "patching cannot reach the receivers.")
+    return out
+
+
+def path_patching(model: Any, pair: PatchPair, senders: HeadSet, receivers: HeadSet,
+                  components: Sequence[str] | str = ("k",), settings: PatchSettings = PatchSettings(),
+                  progress: Progress | None = None) -> PathPatching:
+    """Senders -> receivers' `components`, and settings.n_controls matched-random sender groups (same receivers).
+
+    progress(done, total) counts example-conditions.
+    """
+    n_layers, n_heads, _ = model_shape(model)
+    senders = _check_selection(senders, n_layers, n_heads)
+    receivers = _check_selection(receivers, n_layers, n_heads)
+    components = check_components(components)
+    _check_route(model, senders, receivers, components)
+    check_pair_fits(model, pair)
+    # matched controls whatever settings.controls says: in the senders' own layers, so before every receiver too
+    sets = matched_random_controls(senders, n_layers, n_heads, settings.n_controls, settings.control_seed)
+    groups = [senders] + list(sets)
+    sums = np.zeros(len(groups))
+    clean_sum = corrupted_sum = identity = 0.0
+    done, total = 0, len(groups) * pair.n_examples
+    for runs in run_chunks(model, pair, settings):
+        clean_sum += float(runs.clean_values.double().sum())
+        corrupted_sum += float(runs.corrupted_values.double().sum())
+        _, same = path_run(model, runs, senders, receivers, components, runs.base_z, settings.metric)
+        identity = max(identity, float((same.float() - runs.base_logits.float()).abs().max()))
+        for i, group in enumerate(groups):
+            values, _ = path_run(model, runs, group, receivers, components, runs.source_z, settings.metric)
+            sums[i] += float(values.double().sum())
+            done += runs.rows
+            if progress is not None:
+                progress(done, total)
+    n = pair.n_examples
+    clean, corrupted = clean_sum / n, corrupted_sum / n
+    scores = np.asarray(normalized_score(sums / n, clean, corrupted))
+    score, control_scores = float(scores[0]), tuple(float(s) for s in scores[1:])
+    return PathPatching(settings.direction, settings.metric, clean, corrupted, senders, receivers, components, score,
+                        sets, control_scores, against_controls(score, control_scores, settings.direction), identity,
+                        patch_provenance(model, pair, settings, "path patching (IOI method)",
+                                         route="senders' hook_z -> receivers' hook_{q,k,v}_input; other heads frozen"))

@@ -1,0 +1,235 @@
+"""What every patching method shares: its settings, the metric, a chunk's clean and corrupted runs, z hooks.
+
+Each method runs the pairs in chunks of examples (memory-bounded). Per chunk it runs the clean and
+the corrupted prompts once, keeping every layer's hook_z [row, pos, head, d_head]; the *base* run is
+the one patched into (the corrupted run when denoising, the clean run when noising) and the
+*source* run the one whose activations are patched in. Metrics are taken at the query position,
+always against the clean target (minus the corrupted target's logit for "logit_diff", when the
+pair has one), and reported on the normalized scale of core/stats/patching.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from core.ablation.spec import query_metrics
+from core.errors import HeadLabError
+from core.heads import HeadSet
+from core.model.hooks import hook_name, model_context_length, model_device, model_dtype, model_shape, model_vocab_size
+from core.model.loading import dtype_name
+from core.model.memory import ForwardShape, chunk_size_for, forward_bytes, lean_forward, memory_budget
+from core.results import JsonResult, provenance
+from core.stats.controls import CONTROL_KINDS
+from core.stats.inference import METRICS, canonical_metric
+from core.stats.patching import check_direction
+from core.tasks.counterfactual import PatchPair
+from core.tasks.probe_batch import check_seed
+
+PATCH_METRICS = ("logit_diff",) + METRICS
+GRADIENT_METRICS = ("logit_diff", "target_logit", "loss")  # top-1 / top-5 are steps: no useful gradient
+Hook = tuple[str, Callable]
+Progress = Callable[[int, int], None]
+
+
+def canonical_patch_metric(metric: str) -> str:
+    """HeadLab's name for a patching metric: "logit_diff" or one of METRICS (reference names accepted)."""
+    if metric == "logit_diff":
+        return metric
+    try:
+        return canonical_metric(metric)
+    except HeadLabError:
+        raise HeadLabError(f"patching metric {metric!r} is unknown; use one of {', '.join(PATCH_METRICS)}.") from None
+
+
+@dataclass(frozen=True)
+class PatchSettings(JsonResult):
+    """Everything that determines a patching result besides the model and the pairs.
+
+    direction: "denoise" (clean activations into the corrupted run) or "noise" (corrupted into the
+    clean run); metric: "logit_diff" (default) or loss, top1, top5, target_logit; per_position:
+    also patch every head at every position on its own; n_controls, controls, control_seed: the
+    random head sets a patched group (or a path's senders) is compared with; batch_size: examples
+    per forward (None: as many as fit in the free memory).
+    """
+
+    direction: str = "denoise"
+    metric: str = "logit_diff"
+    per_position: bool = False
+    n_controls: int = 20
+    controls: str = "matched"
+    control_seed: int = 123
+    batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        check_direction(self.direction)
+        object.__setattr__(self, "metric", canonical_patch_metric(self.metric))
+        object.__setattr__(self, "per_position", bool(self.per_position))
+        object.__setattr__(self, "n_controls", int(self.n_controls))
+        object.__setattr__(self, "control_seed", check_seed(self.control_seed, "control_seed"))
+        if self.n_controls < 1:
+            raise HeadLabError(f"n_controls is {self.n_controls}; ask for at least one control draw.")
+        if self.controls not in CONTROL_KINDS:
+            raise HeadLabError(f"control kind {self.controls!r} is unknown; use 'matched' or 'any-layer'.")
+        if self.batch_size is not None:
+            object.__setattr__(self, "batch_size", int(self.batch_size))
+            if self.batch_size < 1:
+                raise HeadLabError(f"batch_size is {self.batch_size}; use at least one example per forward, or None.")
+
+
+def metric_values(logits_q: torch.Tensor, target: torch.Tensor, other_target: torch.Tensor | None,
+                  metric: str) -> torch.Tensor:
+    """Per-example metric at the query position: logits_q [row, vocab], target [row] -> [row] float32.
+
+    "logit_diff": the target's logit minus other_target's (the corrupted answer); the target logit
+    alone when the pair has no other answer. Any other metric: core.ablation.spec.query_metrics.
+    """
+    if metric != "logit_diff":
+        return query_metrics(logits_q, target)[metric]
+    logits_q = logits_q.float()
+    value = logits_q.gather(1, target[:, None]).squeeze(1)  # [row]
+    if other_target is not None:
+        value = value - logits_q.gather(1, other_target[:, None]).squeeze(1)
+    return value
+
+
+@dataclass(frozen=True, eq=False)
+class ChunkRuns:
+    """One chunk of pairs, run clean and corrupted, seen from one direction.
+
+    base_tokens: [row, pos], the prompts a patched run reads; query, target: [row];
+    other_target: [row] or None; clean_values, corrupted_values, base_values: [row] (the metric);
+    base_logits: [row, vocab] at the query; base_z, source_z: per layer [row, pos, head, d_head].
+    """
+
+    base_tokens: torch.Tensor
+    query: torch.Tensor
+    target: torch.Tensor
+    other_target: torch.Tensor | None
+    clean_values: torch.Tensor
+    corrupted_values: torch.Tensor
+    base_values: torch.Tensor
+    base_logits: torch.Tensor
+    base_z: list[torch.Tensor]
+    source_z: list[torch.Tensor]
+
+    @property
+    def rows(self) -> int:
+        return int(self.query.shape[0])
+
+
+def z_recorders(n_layers: int, store: dict[int, torch.Tensor]) -> list[Hook]:
+    """Hooks that keep every layer's hook_z [row, pos, head, d_head] (detached) in `store`."""
+    def keep(layer: int) -> Callable:
+        def hook(z, hook=None):
+            store[layer] = z.detach()
+            return z
+        return hook
+    return [(hook_name("z", layer), keep(layer)) for layer in range(n_layers)]
+
+
+def query_logits(model: Any, tokens: torch.Tensor, query: torch.Tensor, hooks: Sequence[Hook] = ()) -> torch.Tensor:
+    """One forward of tokens [row, pos] with `hooks`; the logits at each row's query position [row, vocab]."""
+    logits = model.run_with_hooks(tokens, fwd_hooks=list(hooks)) if hooks else model(tokens)  # [row, pos, vocab]
+    return logits[torch.arange(tokens.shape[0], device=tokens.device), query]
+
+
+@torch.no_grad()
+def chunk_runs(model: Any, chunk: PatchPair, direction: str, metric: str, device: torch.device) -> ChunkRuns:
+    """Run a chunk's clean and corrupted prompts, keeping the metric, the base logits and every layer's z."""
+    n_layers = model_shape(model)[0]
+    query, target = chunk.clean.query_pos.to(device), chunk.clean.target.to(device)
+    other = None if chunk.corrupted_target is None else chunk.corrupted_target.to(device)
+    runs = {}
+    for side, tokens in (("clean", chunk.clean.tokens), ("corrupted", chunk.corrupted_tokens)):
+        store: dict[int, torch.Tensor] = {}
+        tokens = tokens.to(device)
+        logits_q = query_logits(model, tokens, query, z_recorders(n_layers, store))
+        runs[side] = (tokens, logits_q, metric_values(logits_q, target, other, metric), [store[l] for l in range(n_layers)])
+    base, source = ("corrupted", "clean") if direction == "denoise" else ("clean", "corrupted")
+    return ChunkRuns(base_tokens=runs[base][0], query=query, target=target, other_target=other,
+                     clean_values=runs["clean"][2], corrupted_values=runs["corrupted"][2], base_values=runs[base][2],
+                     base_logits=runs[base][1], base_z=runs[base][3], source_z=runs[source][3])
+
+
+def z_patch_hooks(source_z: Sequence[torch.Tensor], heads: HeadSet, position: int | None = None) -> list[Hook]:
+    """Hooks that replace the z of `heads` (at every position, or only at `position`) by source_z's.
+
+    source_z: per layer [row, pos, head, d_head], the rows of the run being patched.
+    """
+    hooks = []
+    for layer in heads.layers:
+        index = [h for l, h in heads if l == layer]
+        source = source_z[layer]
+
+        def hook(z, hook=None, index=index, source=source):
+            z = z.clone()  # z: [row, pos, head, d_head]
+            if position is None:
+                z[:, :, index] = source[:, :, index].to(z.dtype)
+            else:
+                z[:, position, index] = source[:, position, index].to(z.dtype)
+            return z
+
+        hooks.append((hook_name("z", layer), hook))
+    return hooks
+
+
+@torch.no_grad()
+def patched_run(model: Any, runs: ChunkRuns, hooks: Sequence[Hook], metric: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The base run with `hooks`: (metric values [row], query logits [row, vocab])."""
+    logits_q = query_logits(model, runs.base_tokens, runs.query, hooks)
+    return metric_values(logits_q, runs.target, runs.other_target, metric), logits_q
+
+
+def identity_max_diff(model: Any, runs: ChunkRuns) -> float:
+    """Largest |logit change| at the query when every head of the base run is patched with its own z (0 expected)."""
+    n_layers, n_heads, _ = model_shape(model)
+    every = HeadSet(tuple((l, h) for l in range(n_layers) for h in range(n_heads)))
+    _, logits_q = patched_run(model, runs, z_patch_hooks(runs.base_z, every), "target_logit")
+    return float((logits_q.float() - runs.base_logits.float()).abs().max())
+
+
+def check_pair_fits(model: Any, pair: PatchPair) -> None:
+    """Refuse pairs the model cannot read: token ids outside its vocabulary, prompts past its context."""
+    if not isinstance(pair, PatchPair):
+        raise HeadLabError("patching needs a PatchPair of clean and corrupted prompts; build one with core.tasks.")
+    pair.check_vocab(model_vocab_size(model))
+    context = model_context_length(model)
+    if context is not None and pair.seq_len > context:
+        raise HeadLabError(f"the prompts are {pair.seq_len} tokens long but the model reads at most {context}; "
+                           "use shorter prompts (--seq-len).")
+
+
+def examples_per_chunk(model: Any, pair: PatchPair, settings: PatchSettings, grad: bool = False) -> int:
+    """Examples per forward: settings.batch_size, else as many as the free memory holds (a power of two).
+
+    Per example: both runs' z at every layer, plus one forward (every layer's activations with grad).
+    """
+    if settings.batch_size is not None:
+        return min(settings.batch_size, pair.n_examples)
+    n_layers, n_heads, d_head = model_shape(model)
+    shape = ForwardShape.of_model(model)
+    kept = 2 * n_layers * pair.seq_len * n_heads * d_head * shape.element_size
+    forward = forward_bytes(shape, pair.seq_len, logit_rows=pair.seq_len)
+    per_example = kept + (n_layers + 1) * forward if grad else kept + forward
+    return chunk_size_for(per_example, pair.n_examples, memory_budget(model_device(model)), "patching")
+
+
+def patch_provenance(model: Any, pair: PatchPair, settings: PatchSettings, method: str, **extra: Any) -> dict:
+    """Where a patching result comes from: model shape and dtype, the pairs, the settings, package versions."""
+    n_layers, n_heads, d_head = model_shape(model)
+    return provenance(model=str(getattr(model.cfg, "model_name", "")), n_layers=n_layers, n_heads=n_heads,
+                      d_head=d_head, dtype=dtype_name(model_dtype(model)), pairs=dict(pair.spec),
+                      n_examples=pair.n_examples, seq_len=pair.seq_len, method=method, settings=settings.to_json(),
+                      site="blocks.{l}.attn.hook_z (head output before W_O)", **extra)
+
+
+def run_chunks(model: Any, pair: PatchPair, settings: PatchSettings) -> Iterator[ChunkRuns]:
+    """Each chunk of pairs run clean and corrupted (ChunkRuns); the caller's patched runs of that chunk
+    happen before the next, all under lean_forward."""
+    device = model_device(model)
+    with lean_forward(model):
+        for chunk in pair.chunks(examples_per_chunk(model, pair, settings)):
+            yield chunk_runs(model, chunk, settings.direction, settings.metric, device)

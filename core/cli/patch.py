@@ -1,0 +1,107 @@
+"""`python -m core patch`: activation, attribution, group and path patching on the induction probe's counterfactual."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+from tqdm import tqdm
+
+from core.ablation.patching import PATCH_METRICS, PatchSettings
+from core.cli.probe import add_probe_spec_arguments, probe_spec_from_args
+from core.errors import HeadLabError
+from core.heads import HeadSet, head_name, parse_heads
+from core.model.loading import load_config
+from core.model.refs import ModelRef, resolve_checkpoint
+from core.pipelines.patching import PatchingReport, PatchPlan, patch_model
+from core.stats.controls import CONTROL_KINDS
+from core.stats.patching import DIRECTIONS
+from core.tasks.counterfactual import InductionCounterfactualSpec
+
+
+def add_patch_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="zoo name, local Hugging Face folder or hub name")
+    parser.add_argument("--revision", default=None, help="checkpoint (default: the final one)")
+    parser.add_argument("--direction", choices=DIRECTIONS, default="denoise",
+                        help="denoise: clean activations into the corrupted run (default); noise: corrupted into clean")
+    parser.add_argument("--metric", choices=PATCH_METRICS, default="logit_diff",
+                        help="logit_diff (default: target logit, minus the corrupted target's when there is one) or a HeadLab metric")
+    parser.add_argument("--per-position", action="store_true",
+                        help="also patch every head at every position: one forward per head and position, slow on "
+                             "a CPU (fewer examples with --n)")
+    parser.add_argument("--heads", default=None, help='a group patched together against random controls, e.g. "L1H2,L1H3"')
+    parser.add_argument("--controls", type=int, default=20, help="random control groups (default 20)")
+    parser.add_argument("--control-kind", choices=CONTROL_KINDS, default="matched",
+                        help="matched: same layers and counts (default); any-layer: same size anywhere (path "
+                             "patching always draws matched senders)")
+    parser.add_argument("--control-seed", type=int, default=123)
+    parser.add_argument("--senders", default=None, help='path patching: sender heads, e.g. "L0H1,L0H8"')
+    parser.add_argument("--receivers", default=None, help='path patching: receiver heads, e.g. "L1H2,L1H3"')
+    parser.add_argument("--component", default="k", help="receivers' inputs the path enters: q, k, v or a list like q,k (default k)")
+    parser.add_argument("--no-attribution", action="store_true", help="skip attribution patching")
+    parser.add_argument("--corrupt-seed", type=int, default=0, help="seed of the corrupted earlier A (default 0)")
+    parser.add_argument("--batch-size", type=int, default=None, help="examples per forward (default: as many as fit)")
+    add_probe_spec_arguments(parser)
+
+
+def _heads(text: str | None, n_layers: int, n_heads: int) -> HeadSet | None:
+    return None if text is None else parse_heads(text, n_layers, n_heads)
+
+
+def cli_patch(args: argparse.Namespace) -> dict:
+    if args.task != "induction":
+        raise HeadLabError("patch has a built-in counterfactual for the induction probe only; use --task induction.")
+    ref = ModelRef.parse(args.model)
+    config = load_config(ref, resolve_checkpoint(ref, args.revision).revision)
+    shape = (config.num_hidden_layers, config.num_attention_heads)
+    settings = PatchSettings(direction=args.direction, metric=args.metric, per_position=args.per_position,
+                             n_controls=args.controls, controls=args.control_kind, control_seed=args.control_seed,
+                             batch_size=args.batch_size)
+    plan = PatchPlan(attribution=not args.no_attribution, group=_heads(args.heads, *shape),
+                     senders=_heads(args.senders, *shape), receivers=_heads(args.receivers, *shape), components=args.component)
+    pairs = InductionCounterfactualSpec(probe_spec_from_args(args), seed=args.corrupt_seed)
+    bar = {"stage": None, "tqdm": None}  # one bar per stage, the previous one closed when the next starts
+
+    def progress(stage: str, done: int, total: int) -> None:
+        if bar["stage"] != stage:
+            if bar["tqdm"] is not None:
+                bar["tqdm"].close()
+            bar["stage"], bar["tqdm"] = stage, tqdm(total=total, unit="example", desc=f"{stage} patching")
+        bar["tqdm"].n = done
+        bar["tqdm"].refresh()
+
+    try:
+        report = patch_model(ref, args.revision, pairs, settings, plan, args.device, args.dtype, progress)
+    finally:
+        if bar["tqdm"] is not None:
+            bar["tqdm"].close()
+    for line in report_lines(report):
+        print(line)
+    return report.to_json()
+
+
+def report_lines(report: PatchingReport, top: int = 8) -> list[str]:
+    """What a reader wants first: the runs' metric, the identity check, the top heads, agreement, group, path."""
+    act = report.activation
+    scale = "clean = 1, corrupted = 0"
+    lines = [f"{report.model} {report.revision}: {act.direction} patching, {act.metric} clean {act.clean_value:.4g}, "
+             f"corrupted {act.corrupted_value:.4g} ({scale})",
+             f"identity check (base run patched with itself): max logit change {act.identity_max_diff:.2e}"]
+    n_heads = act.scores.shape[1]
+    effect = act.scores if act.direction == "denoise" else 1.0 - act.scores
+    order = np.argsort(-effect, axis=None, kind="stable")[:top]
+    lines.append("top heads: " + ", ".join(f"{head_name(divmod(int(i), n_heads))} {act.scores.flat[i]:.3f}" for i in order))
+    if report.attribution is not None:
+        rho = "undefined" if report.spearman is None else f"{report.spearman:.3f}"
+        lines.append(f"attribution vs activation patching over every head: Spearman {rho}")
+    if report.group is not None:
+        g = report.group
+        lines.append(f"group {g.selection}: score {g.score:.3f}; {len(g.control_scores)} {g.control_sets.kind} controls "
+                     f"{g.stats['control_mean']:.3f} +- {g.stats['control_std']:.3f} (z {g.stats['z']:.3g}, p {g.stats['p']:.3g}); "
+                     f"every head of its layers {g.upper_bound_score:.3f}")
+    lines += [f"note: {note}" for note in report.notes]
+    if report.path is not None:
+        p = report.path
+        lines.append(f"path {p.senders} -> {p.receivers} ({','.join(p.components)}): score {p.score:.3f}; random senders "
+                     f"{p.stats['control_mean']:.3f} +- {p.stats['control_std']:.3f} (z {p.stats['z']:.3g}, p {p.stats['p']:.3g})")
+    return lines

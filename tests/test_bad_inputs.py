@@ -1,0 +1,376 @@
+"""Bad inputs a hostile but realistic user gives (issue 19): each is one clear error, never a traceback,
+never a silently wrong result, and never a file left half-written.
+
+The command-line cases run `python -m core` in-process (core.__main__.main) on a tiny fake zoo: a
+HeadLabError must come back as one `error: ...` line and exit status 2, a flag argparse refuses as
+its usage line and status 2, both before any work (no cache entry appears). The library cases
+(loading, the cache, the URL parameters of the app) call the function a command or page calls.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import resource
+import shutil
+import time
+import tomllib
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import core.store
+import core.workspace
+from core import store
+from core.__main__ import main
+from core.errors import HeadLabError
+from core.model.loading import load_model
+from core.model.memory import check_probe_batch_fits, probe_batch_bytes
+from core.model.refs import ModelRef, checkpoint_path, repair_hint, zoo_model_dir
+from core.pipelines.recipe import ScreenSettings
+from core.stats.controls import any_layer_random_controls, matched_random_controls
+from core.store import CorruptCacheEntryWarning, cache_key, entry_path, get_or_compute, load_entry, save_entry
+from core.tasks.probe_batch import MAX_SEED, check_seed
+from core.tasks.specs import probe_spec
+from tests.tiny_models import make_fake_zoo, save_tiny_model
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = "tiny-neox"  # 2 layers x 4 heads, context 64
+SMALL = ["--n", "8", "--seq-len", "16"]
+
+
+@pytest.fixture(scope="module")
+def zoo_home(tmp_path_factory) -> Path:
+    """A HEADLAB_HOME whose zoo holds one tiny model with two checkpoints (made once per module)."""
+    home = tmp_path_factory.mktemp("home")
+    make_fake_zoo(home / "zoo", MODEL, "gpt_neox", steps=(0, 10))
+    return home
+
+
+@pytest.fixture
+def home(zoo_home, tmp_path, monkeypatch) -> Path:
+    """A fresh HEADLAB_HOME per test with the tiny zoo copied in, so a test's cache never leaks."""
+    home = tmp_path / "home"
+    shutil.copytree(zoo_home, home)
+    monkeypatch.setenv("HEADLAB_HOME", str(home))
+    return home
+
+
+def cache_entries(home: Path) -> list[Path]:
+    """Every file under the cache folder (entries and leftovers alike)."""
+    return sorted(p for p in (home / "cache").rglob("*") if p.is_file()) if (home / "cache").exists() else []
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str]:
+    """(exit status, stderr) of `python -m core ARGV`, argparse's own refusals included."""
+    try:
+        status = main([str(a) for a in argv])
+    except SystemExit as exc:  # argparse refuses a flag with its usage line and status 2
+        status = exc.code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return status, err
+
+
+# ------------------------------------------------------------------------------ the command line
+
+A_FILE = "{tmp}/a-file"
+CLI_CASES = [  # (id, argv with {tmp} for a scratch folder holding a-file, what stderr must say)
+    ("model name over 255 characters", ["probe", "m" * 300], "unknown model 'mmmm"),
+    ("model name path over 255 characters", ["probe", "/tmp/" + "m" * 300], "unknown model"),
+    ("system folder as a model", ["probe", "/etc"], "/etc is not a model checkpoint"),
+    ("empty folder as a model", ["probe", "{tmp}/empty"], "is not a model checkpoint: it holds no config.json"),
+    ("export --out at a file", ["export", MODEL, "--figure", "spectral", "--out", A_FILE], "--out {tmp}/a-file is a file"),
+    ("export --out under a file", ["export", MODEL, "--figure", "spectral", "--out", A_FILE + "/figs"], "is a file, not a folder"),
+    ("probe seed 2**32", ["probe", MODEL, "--seed", "4294967296"], "between 0 and 4294967295"),
+    ("probe seed -1", ["probe", MODEL, "--seed", "-1"], "between 0 and 4294967295"),
+    ("control seed -1", ["ablate", MODEL, "--heads", "L0H1", "--control-seed", "-1"], "between 0 and 4294967295"),
+    ("control seed 2**32", ["recipe", MODEL, "--control-seed", "4294967296"], "between 0 and 4294967295"),
+    ("--n 10**12", ["probe", MODEL, "--n", str(10**12)], "for its tokens alone"),
+    ("--n 10**23", ["probe", MODEL, "--n", str(10**23)], "use a smaller --n"),
+    ("--json under a file", ["probe", MODEL, *SMALL, "--json", A_FILE + "/out.json"], "a-file is a file, not a folder"),
+    ("--json at a folder", ["probe", MODEL, *SMALL, "--json", "{tmp}"], "is a folder; give a file path"),
+    ("--json empty", ["probe", MODEL, *SMALL, "--json", ""], "--json is empty"),
+    ("train --name ../escaped", ["train", "--name", "../escaped", "--steps", "1"], "not a plain folder name"),
+    ("train --name absolute", ["train", "--name", "{tmp}/abs", "--steps", "1"], "not a plain folder name"),
+    ("train --name ''", ["train", "--name", "", "--steps", "1"], "not a plain folder name"),
+    ("train --steps 0", ["train", "--name", "zero-steps", "--steps", "0"], "Training steps (0)"),
+    ("train --layers 0", ["train", "--name", "zero-layers", "--layers", "0", "--steps", "1"], "n_layers is 0"),
+    ("screen threshold -5", ["screen", MODEL, *SMALL, "--induction-threshold", "-5"], "positive finite"),
+    ("screen threshold nan", ["screen", MODEL, *SMALL, "--induction-threshold", "nan"], "positive finite"),
+]
+
+
+@pytest.mark.parametrize("argv, message", [c[1:] for c in CLI_CASES], ids=[c[0] for c in CLI_CASES])
+def test_cli_bad_input_is_one_line_and_status_2_before_any_work(home, tmp_path, capsys, argv, message):
+    (tmp_path / "a-file").write_text("not a folder")
+    (tmp_path / "empty").mkdir()
+    before = sorted(p.name for p in (home / "zoo").iterdir())
+    status, err = run_cli([a.format(tmp=tmp_path) for a in argv], capsys)
+    assert status == 2
+    assert message.format(tmp=tmp_path) in err
+    assert err.strip().splitlines()[-1].split(": ", 1)[0] in ("error", f"python -m core {argv[0]}")
+    assert "delete" not in err
+    assert cache_entries(home) == []  # refused before any probe ran
+    assert sorted(p.name for p in (home / "zoo").iterdir()) == before  # no half-made zoo model
+    assert not (home / "escaped").exists() and not (tmp_path / "abs").exists()
+
+
+def test_json_in_an_unwritable_place_is_refused_before_the_probe(home, tmp_path, capsys, monkeypatch):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    # root may write anywhere, so the read-only place is what os.access answers for this folder
+    monkeypatch.setattr(core.workspace.os, "access", lambda p, mode: False if Path(p) == locked else real_access(p, mode))
+    status, err = run_cli(["probe", MODEL, *SMALL, "--json", locked / "out.json"], capsys)
+    assert status == 2 and f"{locked} is not writable" in err
+    assert cache_entries(home) == []
+
+
+def test_a_good_json_path_still_gets_the_result(home, tmp_path, capsys):
+    out = tmp_path / "new" / "probe.json"
+    status, _ = run_cli(["probe", MODEL, *SMALL, "--json", out], capsys)
+    assert status == 0 and json.loads(out.read_text())["model"] == MODEL
+
+
+def test_train_with_the_default_flags_left_out_is_not_refused(home):
+    """`is None`, not falsiness, decides "use the default": a left-out flag still takes the task's value."""
+    from core.cli.zoo import chosen
+
+    assert chosen(None, 3) == 3 and chosen(0, 3) == 0 and chosen(5, 3) == 5
+    assert zoo_model_dir("my-model.v2") == home / "zoo" / "my-model.v2"
+
+
+# ------------------------------------------------------------------------------ seeds and sizes
+
+
+def test_seed_range_is_numpys():
+    assert check_seed(0) == 0 and check_seed(MAX_SEED) == MAX_SEED
+    for bad in (-1, MAX_SEED + 1, 1.5, True):
+        with pytest.raises(HeadLabError):
+            check_seed(bad)
+    with pytest.raises(HeadLabError, match="Induction probe seed is 4294967296"):
+        probe_spec("induction", 8, 16, seed=2**32)
+    with pytest.raises(HeadLabError, match="Text probe seed is -1"):
+        probe_spec("text", 8, 32, seed=-1)
+    for draw in (matched_random_controls, any_layer_random_controls):
+        with pytest.raises(HeadLabError, match="control seed is 4294967296"):
+            draw([(0, 0)], 2, 4, 3, seed=2**32)
+
+
+def test_probe_batch_memory_check_counts_the_tokens():
+    assert probe_batch_bytes(10, 64) == 10 * (64 * 16 + 64)
+    need = probe_batch_bytes(1000, 64)
+    assert check_probe_batch_fits(1000, 64, available_bytes=2 * need) == need  # budget = half the free memory
+    with pytest.raises(HeadLabError, match="needs ~"):
+        check_probe_batch_fits(1000, 64, available_bytes=2 * need - 2)
+
+
+def test_screen_thresholds_must_be_positive_and_finite():
+    for kwargs in ({"induction_threshold": -5}, {"induction_threshold": 0}, {"induction_threshold": float("inf")},
+                   {"class_threshold": float("nan")}):
+        with pytest.raises(HeadLabError, match="positive finite"):
+            ScreenSettings(**kwargs)
+    assert ScreenSettings(induction_threshold=12.5).induction_threshold == 12.5
+
+
+# ------------------------------------------------------------------------------ checkpoints
+
+
+def _edited_copy(home: Path, tmp_path: Path, **config) -> Path:
+    """A copy of the tiny model's last checkpoint outside the zoo, its config.json edited."""
+    folder = shutil.copytree(home / "zoo" / MODEL / "checkpoints" / "step000010", tmp_path / "mine")
+    data = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**data, **config}))
+    return folder
+
+
+@pytest.mark.parametrize("layers, problem", [(3, "not in the weights (gpt_neox.layers.2."),
+                                             (1, "have no place in the config (gpt_neox.layers.1.")])
+def test_config_disagreeing_with_weights_in_layer_count_is_refused(home, tmp_path, layers, problem):
+    folder = _edited_copy(home, tmp_path, num_hidden_layers=layers)
+    with pytest.raises(HeadLabError, match="do not match its config.json") as info:
+        load_model(ModelRef.parse(str(folder)))
+    assert problem in str(info.value) and "delete" not in str(info.value)
+
+
+def test_config_disagreeing_with_weights_in_shape_is_refused_naming_the_tensor(home, tmp_path):
+    folder = _edited_copy(home, tmp_path, intermediate_size=64)  # the weights hold 128
+    with pytest.raises(HeadLabError, match=r"dense_4h_to_h.weight is \(32, 128\) in the weights but \(32, 64\)"):
+        load_model(ModelRef.parse(str(folder)))
+
+
+def test_manifest_revision_leaving_the_checkpoints_folder_is_refused(home):
+    other = make_fake_zoo(home / "zoo", "other-model", "gpt_neox", steps=(0,), seed=5)
+    manifest_path = home / "zoo" / MODEL / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    escape = f"../../{other.name}/checkpoints/step000000"
+    manifest["checkpoints"].append({"revision": escape, "step": 20, "tokens": 40960})
+    manifest_path.write_text(json.dumps(manifest))
+    ref = ModelRef.parse(MODEL)
+    with pytest.raises(HeadLabError, match="a revision is one folder name, never a path"):
+        checkpoint_path(ref)  # the last checkpoint (most tokens) is the escaping one
+    with pytest.raises(HeadLabError, match="never a path"):
+        load_model(ref, escape)
+    assert checkpoint_path(ref, "step000010") == home / "zoo" / MODEL / "checkpoints" / "step000010"
+
+
+def test_only_zoo_folders_are_offered_for_deletion(home, tmp_path):
+    assert repair_hint(home / "zoo" / MODEL / "checkpoints" / "step000010").startswith(
+        f"delete the zoo model folder {(home / 'zoo' / MODEL).resolve()}")
+    for folder in (Path("/etc"), Path.home(), tmp_path, home / "zoo", home):
+        assert "delete" not in repair_hint(folder)
+    user = save_tiny_model("gpt_neox", tmp_path / "user-model")
+    (user / "model.safetensors").write_bytes(b"\x05\x00")
+    with pytest.raises(HeadLabError) as info:
+        load_model(ModelRef.parse(str(user)))
+    assert "corrupt or truncated" in str(info.value) and "delete" not in str(info.value)
+
+
+# ------------------------------------------------------------------------------ the cache
+
+def _key(name: str = "a") -> str:
+    return cache_key("test", name, "r", {"task": "induction"}, "v1")
+
+
+def _tensors() -> dict[str, torch.Tensor]:
+    return {"x": torch.arange(64, dtype=torch.float32).reshape(8, 8)}  # [row, col]
+
+
+def _leftovers(key: str) -> list[str]:
+    return sorted(p.name for p in entry_path(key).parent.iterdir() if p.name.startswith("."))
+
+
+@pytest.mark.parametrize("failure", ["read-only", "full disk"])
+def test_cache_write_failures_are_one_error_naming_the_cache_and_leave_nothing(home, monkeypatch, failure):
+    key = _key()
+    if failure == "read-only":
+        def refuse(*args, **kwargs):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+        monkeypatch.setattr(core.store.tempfile, "mkdtemp", refuse)
+    else:
+        def half_then_full(path, data):
+            Path(path).write_bytes(data[: len(data) // 2])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        monkeypatch.setattr(core.store, "_write_synced", half_then_full)
+    with pytest.raises(HeadLabError, match=f"cannot write a cache entry under {home / 'cache'}") as info:
+        save_entry(key, _tensors(), {})
+    assert os.strerror(errno.EACCES if failure == "read-only" else errno.ENOSPC) in str(info.value)
+    assert not entry_path(key).exists() and _leftovers(key) == []
+
+
+def test_file_size_limit_mid_write_is_an_error_and_leaves_nothing(home):
+    key = _key()
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, hard))  # Python ignores SIGXFSZ: the write fails with EFBIG
+    try:
+        with pytest.raises(HeadLabError, match="File too large"):
+            save_entry(key, {"x": torch.zeros(4096)}, {})
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert not entry_path(key).exists() and _leftovers(key) == []
+
+
+def test_read_only_cache_is_refused_before_the_computation(home, monkeypatch):
+    real_access = os.access
+    cache = home / "cache"  # read-only inside a writable HEADLAB_HOME (as root, only os.access can say so)
+    monkeypatch.setattr(core.store.os, "access",
+                        lambda p, mode: not Path(p).is_relative_to(cache) and real_access(p, mode))
+    computed = []
+    with pytest.raises(HeadLabError, match="cannot write a cache entry"):
+        get_or_compute(_key(), lambda: computed.append(1) or (_tensors(), {}))
+    assert computed == []
+
+
+def test_stale_temporary_folder_of_a_killed_run_is_removed_by_the_next_write(home):
+    key, neighbour = _key("a"), None
+    for i in range(5000):  # another key in the same shard folder
+        candidate = _key(f"b{i}")
+        if entry_path(candidate).parent == entry_path(key).parent and candidate != key:
+            neighbour = candidate
+            break
+    shard = entry_path(key).parent
+    shard.mkdir(parents=True)
+    digest = entry_path(key).name
+    stale, live = shard / f".{digest}.killed01.tmp", shard / f".{digest}.writing.tmp"
+    for folder in (stale, live):
+        folder.mkdir()
+        (folder / store.TENSORS_FILE).write_bytes(b"\0" * 1024)
+    old = time.time() - store.STALE_SECONDS - 60
+    for path in (stale / store.TENSORS_FILE, stale):
+        os.utime(path, (old, old))
+    save_entry(neighbour, _tensors(), {})
+    assert not stale.exists()  # a killed run's leftover: gone
+    assert live.exists()  # a live writer's folder (touched just now): kept
+    assert load_entry(neighbour) is not None
+
+
+def test_file_where_an_entry_folder_belongs_is_replaced_not_recomputed_forever(home):
+    key = _key()
+    entry_path(key).parent.mkdir(parents=True)
+    entry_path(key).write_text("a stray file")
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return _tensors(), {"n": len(calls)}
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        get_or_compute(key, compute)
+    assert any(issubclass(w.category, CorruptCacheEntryWarning) for w in caught)
+    tensors, meta = get_or_compute(key, compute)
+    assert calls == [1] and meta == {"n": 1} and entry_path(key).is_dir()  # stored once, then served
+    torch.testing.assert_close(tensors["x"], _tensors()["x"])
+    assert _leftovers(key) == []
+
+
+# ------------------------------------------------------------------------------ the app
+
+
+@pytest.mark.parametrize("key, text, problem", [
+    ("seq_len", "99999", "seq_len=99999 is outside 8..4096"),
+    ("n", "-5", "n=-5 is outside 8..4096"),
+    ("n", "lots", "n='lots' is not a whole number"),
+    ("seed", "4294967296", "seed=4294967296 is outside"),
+    ("dtype", "fp8", "dtype='fp8' is not one of float32"),
+    ("task", "nope", "task='nope' is not one of induction, text"),
+])
+def test_url_parameters_the_sidebar_cannot_take_are_named(key, text, problem):
+    from pages._state import url_value
+
+    value, said = url_value(key, text)
+    assert value is None and said.startswith(problem)
+
+
+def test_url_parameters_in_range_are_taken():
+    from pages._state import url_value
+
+    assert url_value("seq_len", "64") == (64, None)
+    assert url_value("model", "../../etc") == ("../../etc", None)  # ModelRef.parse refuses it in the sidebar
+
+
+def test_app_warns_about_a_garbage_link_and_refuses_a_folder_that_is_not_a_model(home):
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(REPO / "app.py"), default_timeout=120)
+    at.query_params.update({"model": "/etc", "seq_len": "99999", "n": "-5"})
+    at.run()
+    assert not at.exception, at.exception
+    warning = " ".join(w.value for w in at.sidebar.warning)
+    assert "seq_len=99999 is outside 8..4096, so the default 64 is used" in warning
+    assert "n=-5 is outside 8..4096, so the default 256 is used" in warning
+    assert any("/etc is not a model checkpoint" in e.value for e in at.error)
+    assert not any("delete" in e.value for e in at.error)
+
+
+def test_project_streamlit_config_turns_the_file_watcher_off():
+    """The watcher's recursive watch over the repo (and its .venv) burns a core while the app idles."""
+    import streamlit.config
+
+    config = tomllib.loads((REPO / ".streamlit" / "config.toml").read_text())
+    assert config["server"]["fileWatcherType"] == "none"
+    assert "none" in streamlit.config._config_options_template["server.fileWatcherType"].description
