@@ -27,7 +27,7 @@ import streamlit as st
 from core.ablation.study import AblationResult, AblationSettings, ablate_alone, ablation_study, preview_result
 from core.ablation.workers import ablation_study_on, ablation_workers, warm_workers
 from core.errors import HeadLabError
-from core.executor import Executor, WorkerPool, make_executor
+from core.executor import Executor, SerialExecutor, WorkerPool, make_executor
 from core.heads import Head, HeadSet
 from core.model.loading import DEFAULT_DTYPE, load_config, load_model
 from core.model.refs import Checkpoint, ModelRef, cached_revisions, list_checkpoints, resolve_checkpoint
@@ -38,8 +38,8 @@ from core.pipelines.coactivation import CoactivationSettings, coactivation
 from core.pipelines.dynamics import cross_seed_matrix, form_vs_function, training_trajectories
 from core.pipelines.proposers import DISPOSER, proposers_vs_disposer
 from core.pipelines.recipe import ScreenSettings, screen, screen_checkpoint
-from core.probe import check_probe_fits, full_attention_pattern, head_stats, head_stats_key
-from core.store import entry_path
+from core.pipelines.sweep import SweepItem, probe_sweep
+from core.probe import check_probe_fits, full_attention_pattern, head_stats
 from core.tasks.specs import spec_from_json
 from core.workspace import zoo_dir
 from pages._state import Workspace
@@ -145,16 +145,16 @@ def screen_report(ws: Workspace, definition: str = "entropy", k: float = 0.18):
     marker = ("warm", ws.model_name, ws.spec_json, ws.stamp, ws.dtype)
     warmed = st.session_state.setdefault(_WARM_REPORTS, set())
     if marker not in warmed:
-        batch = cached_batch(ws.spec_json)
-        spec = dict(batch.spec)
-        missing = [c for c in ws.checkpoints
-                   if not entry_path(head_stats_key(ws.ref, c.revision, spec, ws.dtype)).is_dir()]
-        if missing:
-            bar = st.progress(0.0, text=f"Measuring {len(missing)} checkpoints (once; then cached on disk)...")
-            for i, ckpt in enumerate(missing):
-                head_stats(ws.ref, ckpt, batch, dtype=ws.dtype)
-                bar.progress((i + 1) / len(missing), text=f"Measured {ckpt.revision} ({i + 1}/{len(missing)})")
-            bar.empty()
+        executor = SerialExecutor() if ws.backend == "serial" else _executor_for_the_server(ws.backend)
+        bar = st.progress(0.0, text="Measuring the checkpoints not cached yet (once; then cached on disk)...")
+
+        def show(done: int, total: int, failed: int) -> None:
+            bar.progress(done / max(total, 1), text=f"Measured {done}/{total} checkpoints on {ws.backend}"
+                         + (f", {failed} failed" if failed else ""))
+
+        probe_sweep([SweepItem(ws.ref, c) for c in ws.checkpoints], spec_from_json(ws.spec_json), executor,
+                    dtype=ws.dtype, progress=show)
+        bar.empty()
         warmed.add(marker)
     return cached_report(ws.model_name, ws.spec_json, definition, float(k), ws.stamp, ws.dtype)
 
@@ -180,8 +180,12 @@ def cached_proposal(model_name: str, revision: str, spec_json: str, stamp: str, 
 
 
 @st.cache_data(show_spinner="Reading every checkpoint's head statistics...", max_entries=16)
-def cached_trajectories(model_name: str, spec_json: str, definition: str, stamp: str, dtype: str = DEFAULT_DTYPE):
-    return training_trajectories(ModelRef.parse(model_name), spec_from_json(spec_json), definition, dtype=dtype)
+def cached_trajectories(model_name: str, spec_json: str, definition: str, stamp: str, dtype: str = DEFAULT_DTYPE,
+                        backend: str = "serial"):
+    """Every checkpoint's PR and membership; on the Ray backend the passes the cache lacks fan out first."""
+    executor = None if backend == "serial" else _executor_for_the_server(backend)
+    return training_trajectories(ModelRef.parse(model_name), spec_from_json(spec_json), definition, dtype=dtype,
+                                 executor=executor)
 
 
 # ---------------------------------------------------------------------------------------------

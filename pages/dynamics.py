@@ -47,7 +47,7 @@ with c1:
 margin = float(c2.number_input("PR-rise margin (PR units above its running minimum)", min_value=0.01, max_value=100.0,
                                value=DEFAULT_MARGIN, step=0.1, key="dyn_margin"))
 guarded(lambda: screen_report(ws, definition))  # fills the HeadStats cache with a progress bar the first time
-traj = guarded(lambda: cached_trajectories(ws.model_name, ws.spec_json, definition, ws.stamp, ws.dtype))
+traj = guarded(lambda: cached_trajectories(ws.model_name, ws.spec_json, definition, ws.stamp, ws.dtype, ws.backend))
 n_layers, n_heads = traj.shape
 final = traj.final_circuit
 names = [head_name((l, h)) for l in range(n_layers) for h in range(n_heads)]
@@ -119,9 +119,9 @@ else:
     if continued_from(shifted_name) != base_name:
         st.caption(f"{shifted_name} does not continue {base_name}: this compares two independent models.")
     base_traj = guarded(lambda: cached_trajectories(base_name, ws.spec_json, definition, model_stamp(base_name),
-                                                    ws.dtype), stop=False)
+                                                    ws.dtype, ws.backend), stop=False)
     shifted_traj = guarded(lambda: cached_trajectories(shifted_name, ws.spec_json, definition,
-                                                       model_stamp(shifted_name), ws.dtype), stop=False)
+                                                       model_stamp(shifted_name), ws.dtype, ws.backend), stop=False)
     if base_traj is not None and shifted_traj is not None:
         shift = guarded(lambda: data_shift_jaccard(base_traj, shifted_traj), stop=False)
         if shift is not None:

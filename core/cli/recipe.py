@@ -98,6 +98,7 @@ def add_ablate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=("zero", "mean"), default="zero")
     parser.add_argument("--control-seed", type=seed_arg, default=123)
     add_probe_spec_arguments(parser)
+    add_backend_arguments(parser)
 
 
 def cli_ablate(args: argparse.Namespace) -> dict:
@@ -109,7 +110,7 @@ def cli_ablate(args: argparse.Namespace) -> dict:
         settings = AblationSettings(n_controls=args.controls, controls=args.control_kind, mode=args.mode,
                                     seed=args.control_seed)
         result = ablate(ref, args.revision, selection, probe_spec_from_args(args), settings, args.device, progress,
-                        dtype=args.dtype)
+                        dtype=args.dtype, executor=executor_from_args(args))
     finally:
         bar.close()
     summary = summarize_ablation(result)

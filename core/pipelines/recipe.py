@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from core.ablation.study import AblationSettings, ablation_study, summarize_ablation
+from core.ablation.workers import ablation_study_on, ablation_workers
 from core.errors import HeadLabError
 from core.executor import Executor
 from core.heads import HeadSet, head_name
@@ -208,13 +209,25 @@ def screen(ref: ModelRef, spec: ProbeSpec, settings: ScreenSettings = ScreenSett
 
 def ablate(ref: ModelRef, revision: Optional[str], selection: HeadSet, spec: ProbeSpec,
            settings: AblationSettings = AblationSettings(), device: str = "cpu",
-           progress: Optional[Callable[[int, int], None]] = None, model: Any = None, dtype: str = DEFAULT_DTYPE):
+           progress: Optional[Callable[[int, int], None]] = None, model: Any = None, dtype: str = DEFAULT_DTYPE,
+           executor: Optional[Executor] = None):
     """Group ablation of `selection` at one checkpoint against controls and the upper bound.
 
     model: the loaded checkpoint, if the caller has it; else it is loaded on `device` in `dtype`.
+    executor: when given (and not serial), the conditions fan out over its workers, each holding the
+    checkpoint (core/ablation/workers.py); the numbers equal the in-process study's at the same threads.
     """
     checkpoint = resolve_checkpoint(ref, revision)
     check_probe_fits(spec, load_config(ref, checkpoint.revision))
+    if executor is not None and executor.backend != "serial":
+        workers = ablation_workers(executor, device=device)
+        try:
+            result = ablation_study_on(workers, ref, checkpoint.revision, spec, selection, settings, dtype=dtype,
+                                       progress=progress)
+        finally:
+            workers.close()
+        result.provenance.update({"model": ref.name, "revision": checkpoint.revision, "tokens": checkpoint.tokens})
+        return result
     loaded = model if model is not None else load_model(ref, checkpoint.revision, device=device, dtype=dtype)
     result = ablation_study(loaded, spec.build(), selection, settings, device=device, progress=progress)
     result.provenance.update({"model": ref.name, "revision": checkpoint.revision, "tokens": checkpoint.tokens})
