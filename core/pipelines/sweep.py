@@ -61,9 +61,12 @@ def probe_sweep(items: Sequence[SweepItem], spec: ProbeSpec, executor: Optional[
     """
     executor = executor or SerialExecutor()
     spec_json = dict(spec.build().spec)
+    resources = {}  # ref -> (num_cpus, num_gpus): one model's checkpoints share its shape
     for ref in dict.fromkeys(item.ref for item in items):  # refuse a probe a model cannot take, before any work
         last = [item.checkpoint for item in items if item.ref == ref][-1]
-        check_probe_fits(spec, load_config(ref, last.revision))
+        config = load_config(ref, last.revision)
+        check_probe_fits(spec, config)
+        resources[ref] = task_resources(config, parse_dtype(dtype), device)
     rows, tasks, where = [], [], []
     for item in items:
         key = head_stats_key(item.ref, item.checkpoint.revision, spec_json, dtype)
@@ -72,7 +75,7 @@ def probe_sweep(items: Sequence[SweepItem], spec: ProbeSpec, executor: Optional[
         rows.append(row)
         if has_entry(key):
             continue
-        num_cpus, num_gpus = task_resources(load_config(item.ref, item.checkpoint.revision), parse_dtype(dtype), device)
+        num_cpus, num_gpus = resources[item.ref]
         task_threads = threads or (torch.get_num_threads() if executor.backend == "serial" else int(num_cpus))
         tasks.append(Task(item.name, probe_checkpoint, (item.ref, item.checkpoint, spec, device, dtype, chunk_size),
                           num_cpus=num_cpus, num_gpus=num_gpus, threads=task_threads))
