@@ -15,7 +15,7 @@ import torch
 
 from core.cli.backend import add_backend_arguments, executor_from_args
 from core.model.refs import zoo_model_dir
-from core.tasks.sequences import SEQ_VOCAB_SIZE
+from core.tasks.sequences import HHG_FORMATS, SEQ_VOCAB_SIZE
 from core.tasks.vocab import BYTE_VOCAB_SIZE
 from core.zoo.config import FAMILIES, SEQUENCE_TASKS, TASKS
 from core.zoo.hub_cache import REVISION_STYLES, write_hub_cache
@@ -36,7 +36,15 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=None, help="training steps (default: the task's zoo default)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--init-from", default=None, help="continue from this zoo model's final checkpoint")
+    add_hhg_format_argument(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def add_hhg_format_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--hhg-format", choices=HHG_FORMATS, default="headlab",
+                        help="reverse/sort training layout: headlab (START x SEP y END, PAD at the end) or reference (the "
+                             "[HHG] authors' code: input and answer padded separately, PADs between SEP and a shorter "
+                             "sample's answer); with zoo: the preset's reverse/sort models only, in folders named NAME-ref")
 
 
 def cli_train(args: argparse.Namespace) -> dict:
@@ -51,7 +59,8 @@ def cli_train(args: argparse.Namespace) -> dict:
         n_heads=chosen(args.heads, base_model.n_heads), d_model=d_model, d_ff=chosen(args.d_ff, 4 * d_model),
         vocab_size=SEQ_VOCAB_SIZE if args.task in SEQUENCE_TASKS else BYTE_VOCAB_SIZE,
     )
-    train_cfg = replace(base_train, seed=args.seed, steps=chosen(args.steps, base_train.steps), init_from=args.init_from)
+    train_cfg = replace(base_train, seed=args.seed, steps=chosen(args.steps, base_train.steps), init_from=args.init_from,
+                        hhg_format=args.hhg_format)
     manifest = train_model(args.name, model_cfg, train_cfg, out_dir, progress=not args.no_progress)
     return zoo_record(manifest)
 
@@ -72,6 +81,7 @@ def add_zoo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=HUB_FIXTURE_MODEL, help="with --as-hub: the zoo model to write")
     parser.add_argument("--revision-names", choices=REVISION_STYLES, default="pythia",
                         help="with --as-hub: branch names step{N} (Pythia) or step{N}-tokens{X}B (OLMo)")
+    add_hhg_format_argument(parser)
     add_backend_arguments(parser)
     parser.add_argument("--threads-per-model", type=int, default=None, metavar="N",
                         help="torch threads (and CPUs reserved) per model, the same on every backend: the same count "
@@ -81,7 +91,7 @@ def add_zoo_arguments(parser: argparse.ArgumentParser) -> None:
 def cli_zoo(args: argparse.Namespace) -> dict | list:
     """Train the preset (no-op for trained models) and return one record per model."""
     if getattr(args, "estimate", False):
-        return estimate_zoo(args.preset, args.only)
+        return estimate_zoo(args.preset, args.only, hhg_format=args.hhg_format)
     if getattr(args, "as_hub", None):
         record = write_hub_cache(args.model, args.as_hub, style=args.revision_names)
         print(f"{record['model']} -> hub model {record['repo_id']} in {record['repo_folder']}: "
@@ -92,7 +102,7 @@ def cli_zoo(args: argparse.Namespace) -> dict | list:
     # serial: train_zoo's own loop (a bar per model; the thread policy's count unless --threads-per-model)
     records = train_zoo(args.preset, progress=not args.no_progress, only=args.only,
                         executor=None if executor.backend == "serial" else executor,
-                        threads_per_model=args.threads_per_model)
+                        threads_per_model=args.threads_per_model, hhg_format=args.hhg_format)
     for r in records:
         figures = {k: r[k] for k in ("induction_loss", "train_accuracy", "marker_accuracy") if k in r}
         print(f"{r['name']}: {r['family']} {r['n_layers']}x{r['n_heads']}, {r['checkpoints']} checkpoints, "

@@ -23,6 +23,11 @@ END = 102
 # token 103 is unused (the reference vocabulary has 104 entries)
 
 TASKS = ("reverse", "sort")
+# Training layouts. "headlab": START x SEP y END, PAD only at the end. "reference": the [HHG] reference
+# code's (make_batch in the authors' iclr_workshop_pipeline.py): input START x SEP and target y END are
+# padded separately to the batch's longest, so a shorter sample has PADs between SEP and its answer and
+# predicts y1 from a PAD. Evaluation prompts (one length per batch) are the same in both.
+HHG_FORMATS = ("headlab", "reference")
 TRAIN_LENGTHS = range(3, 8)  # 3..7
 OOD_LENGTHS = range(8, 12)  # 8..11
 MAX_SEQUENCE_LENGTH = 40
@@ -67,16 +72,28 @@ def sequence_length(n: int) -> int:
     return 2 * n + 3
 
 
+def check_hhg_format(layout: str) -> str:
+    if layout not in HHG_FORMATS:
+        raise HeadLabError(f"Unknown [HHG] data format {layout!r}; use one of {', '.join(HHG_FORMATS)}.")
+    return layout
+
+
 def make_sequence_batch(
-    task: str, lengths: int | Iterable[int], batch_size: int, generator_or_seed: int | torch.Generator
+    task: str, lengths: int | Iterable[int], batch_size: int, generator_or_seed: int | torch.Generator,
+    layout: str = "headlab",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A batch of samples with n drawn uniformly from `lengths`, numbers uniform in 1..99 with replacement.
 
-    Returns tokens [batch, 2*max(lengths)+3] long, padded on the right with PAD, and
-    loss_mask [batch, same] bool, True at positions SEP .. yn, i.e. where the NEXT token is an
-    answer token y1..yn or END. The width depends on `lengths`, not on the draw, so shapes are stable.
+    Returns tokens [batch, 2*max(lengths)+3] long and loss_mask [batch, same] bool, True where the
+    NEXT token is an answer token y1..yn or END. The width depends on `lengths`, not on the draw, so
+    shapes are stable. layout "headlab": START x SEP y END then PAD, the mask on SEP .. yn.
+    layout "reference" (m = max(lengths)): START x SEP, PAD up to column m+1, then y END, then PAD;
+    the mask on columns m+1 .. m+1+n (the last input column, a PAD when n < m, predicts y1). The
+    reference pads to the longest sample drawn in the batch, which for 64 draws from 3..7 is 7 in all
+    but a (4/5)^64 = 6e-7 share of batches; a fixed m keeps the layout a pure function of the seed.
     """
     check_task(task)
+    check_hhg_format(layout)
     values = _check_lengths(lengths)
     if int(batch_size) < 1:
         raise HeadLabError("Sequence batch_size must be at least 1.")
@@ -92,23 +109,26 @@ def make_sequence_batch(
             continue
         x = numbers[rows, :n]  # [rows, n]
         y = sequence_answer(task, x)
+        answer_at = n + 2 if layout == "headlab" else max(values) + 2  # the column of y1
         tokens[rows, 0] = START
         tokens[rows, 1 : n + 1] = x
         tokens[rows, n + 1] = SEP
-        tokens[rows, n + 2 : 2 * n + 2] = y
-        tokens[rows, 2 * n + 2] = END
-        loss_mask[rows, n + 1 : 2 * n + 2] = True
+        tokens[rows, answer_at : answer_at + n] = y
+        tokens[rows, answer_at + n] = END
+        loss_mask[rows, answer_at - 1 : answer_at + n] = True
     return tokens, loss_mask
 
 
-def sequence_training_batch(task: str, step: int, batch_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The training batch for `step`: a pure function of (task, step, batch_size, seed), lengths 3..7.
+def sequence_training_batch(
+    task: str, step: int, batch_size: int, seed: int, layout: str = "headlab"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The training batch for `step`: a pure function of (task, step, batch_size, seed, layout), lengths 3..7.
 
     Each step seeds its own generator from (seed, step), so a resumed run sees the same data.
     """
     state = np.random.SeedSequence([int(seed), int(step)]).generate_state(2, dtype=np.uint32)
     step_seed = (int(state[0]) << 32 | int(state[1])) & 0x7FFF_FFFF_FFFF_FFFF
-    return make_sequence_batch(task, TRAIN_LENGTHS, batch_size, step_seed)
+    return make_sequence_batch(task, TRAIN_LENGTHS, batch_size, step_seed, layout)
 
 
 @torch.no_grad()

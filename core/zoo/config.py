@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from core.errors import HeadLabError
 from core.results import JsonResult
+from core.tasks.sequences import check_hhg_format
 
 FAMILIES = ("gpt_neox", "llama", "olmoe")
 TASKS = ("induction", "reverse", "sort", "shifted", "duplicate", "tokens", "none")
@@ -84,6 +85,7 @@ class TrainConfig(JsonResult):
     softmax_vocab: int | None = None  # loss over the first N ids only (a task that never uses a higher id); None = all
     seed: int = 0
     stop_accuracy: float | None = 0.9  # reverse/sort: stop once train exact match reaches this
+    hhg_format: str = "headlab"  # reverse/sort: training layout, "headlab" or the reference code's (core/tasks/sequences.py)
     eval_every: int = 100  # steps between evaluations (and early-stop checks)
     eval_examples: int = 64  # per evaluation (per length for reverse/sort)
     final_examples: int = 256  # for the final figures
@@ -103,6 +105,9 @@ class TrainConfig(JsonResult):
             raise HeadLabError(f"Training steps ({self.steps}) and batch_size ({self.batch_size}) must be positive "
                                "integers; give at least 1.")
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
+        check_hhg_format(self.hhg_format)
+        if self.hhg_format != "headlab" and self.task not in SEQUENCE_TASKS:
+            raise HeadLabError(f"--hhg-format {self.hhg_format} applies to the reverse and sort tasks only, not {self.task!r}.")
 
     @property
     def data_kind(self) -> str:

@@ -26,6 +26,7 @@ from core.errors import HeadLabError
 from core.executor import Executor, ProgressFn, SerialExecutor, SweepFailed, Task, tqdm_progress
 from core.threads import apply_thread_policy
 from core.workspace import zoo_dir
+from core.tasks.sequences import check_hhg_format
 from core.zoo.config import SEQUENCE_TASKS, ModelConfig, TrainConfig
 from core.model.refs import read_manifest
 from core.zoo.train import batch_at, build_model, train_model, training_loss
@@ -155,15 +156,27 @@ def zoo_record(manifest: dict) -> dict:
     return record
 
 
-def _preset(preset: str, only: str | None = None) -> list[tuple[str, ModelConfig, TrainConfig]]:
+def preset_entries(preset: str, only: str | None = None, hhg_format: str = "headlab") -> list[tuple[str, ModelConfig, TrainConfig]]:
+    """The preset's (name, model config, train config) entries; `only` picks one by name.
+
+    hhg_format "reference": only the preset's reverse/sort models, trained on the [HHG] reference
+    code's data layout, each in its own folder named with "-ref" (reverse-hhg-s0 -> reverse-hhg-s0-ref),
+    so both layouts' models sit side by side.
+    """
     if preset not in ZOO_PRESETS:
         raise HeadLabError(f"Unknown zoo preset {preset!r}; choose one of {', '.join(ZOO_PRESETS)}.")
     entries = ZOO_PRESETS[preset]
-    if only:
-        entries = [e for e in entries if e[0] == only]
+    if check_hhg_format(hhg_format) != "headlab":
+        entries = [(f"{name}-ref", model_cfg, replace(train_cfg, hhg_format=hhg_format))
+                   for name, model_cfg, train_cfg in entries if train_cfg.task in SEQUENCE_TASKS]
         if not entries:
-            names = ", ".join(e[0] for e in ZOO_PRESETS[preset])
+            raise HeadLabError(f"The {preset} preset has no reverse or sort model for --hhg-format {hhg_format}; use --preset paper.")
+    if only:
+        chosen = [e for e in entries if e[0] == only]
+        if not chosen:
+            names = ", ".join(e[0] for e in entries)
             raise HeadLabError(f"No model {only!r} in the {preset} preset; choose one of {names}.")
+        entries = chosen
     return entries
 
 
@@ -184,9 +197,10 @@ def _seconds_per_step(model_cfg: ModelConfig, train_cfg: TrainConfig, n_steps: i
     return sum(times[1:]) / n_steps
 
 
-def estimate_zoo(preset: str, only: str | None = None, print_fn: Callable[[str], None] = print) -> dict:
+def estimate_zoo(preset: str, only: str | None = None, print_fn: Callable[[str], None] = print,
+                 hhg_format: str = "headlab") -> dict:
     """Estimate the wall time of the models of `preset` not trained yet (times a few steps of each shape)."""
-    todo = [(n, m, t) for n, m, t in _preset(preset, only)
+    todo = [(n, m, t) for n, m, t in preset_entries(preset, only, hhg_format)
             if not ((read_manifest(zoo_dir() / n, missing_ok=True) or {}).get("complete"))]
     cache: dict[str, float] = {}
     lines, total_expected, total_max = [], 0.0, 0.0
@@ -275,7 +289,8 @@ def _train_on(executor: Executor, todo: list[tuple[str, ModelConfig, TrainConfig
 
 
 def train_zoo(preset: str = "quick", progress: bool | Callable[[int, int, float], None] = True, only: str | None = None,
-              executor: Executor | None = None, threads_per_model: int | None = None) -> list[dict]:
+              executor: Executor | None = None, threads_per_model: int | None = None,
+              hhg_format: str = "headlab") -> list[dict]:
     """Train every missing model of `preset` under zoo_dir() (resuming incomplete ones); return records.
 
     Without an executor, models train here one after another, each at the thread policy's count
@@ -283,12 +298,12 @@ def train_zoo(preset: str = "quick", progress: bool | Callable[[int, int, float]
     RayExecutor), each model still to train is one task at `threads_per_model` torch threads (default
     1) reserving as many CPUs, so a Ray node never runs more threads than it has cores; one bar
     counts models. The same thread count gives bit-identical checkpoints on either executor (a
-    resumed model keeps the count it started with: core/zoo/train.py).
+    resumed model keeps the count it started with: core/zoo/train.py). hhg_format: see `preset_entries`.
     """
     check_threads_per_model(threads_per_model)
-    entries = _preset(preset, only)
+    entries = preset_entries(preset, only, hhg_format)
     if preset == "paper" and progress:
-        estimate_zoo(preset, only)
+        estimate_zoo(preset, only, hhg_format=hhg_format)
     if executor is None and threads_per_model is not None:
         executor = SerialExecutor()  # a fixed count per model is what the executor path gives
     records: dict[str, dict] = {}

@@ -174,7 +174,8 @@ def _same_config(stored: dict | None, model_cfg: ModelConfig, train_cfg: TrainCo
 def batch_at(train_cfg: TrainConfig, step: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Training batch for `step`: tokens [batch, seq] and a loss mask [batch, seq] (None: every position)."""
     if train_cfg.task in SEQUENCE_TASKS:
-        return sequences.sequence_training_batch(train_cfg.task, step, train_cfg.batch_size, train_cfg.seed)
+        return sequences.sequence_training_batch(train_cfg.task, step, train_cfg.batch_size, train_cfg.seed,
+                                                    train_cfg.hhg_format)
     if train_cfg.task == "duplicate":
         return duplicate.training_batch(step, train_cfg.batch_size, train_cfg.seq_len, train_cfg.seed), None
     if train_cfg.task == "tokens":

@@ -17,7 +17,7 @@ from core.tasks import mixture
 from core.tasks.vocab import BOS, BYTE_VOCAB_SIZE
 from core.zoo.config import ModelConfig, TrainConfig
 from core.zoo.evaluate import induction_head_summary
-from core.zoo.presets import ZOO_PRESETS, train_zoo, zoo_record
+from core.zoo.presets import ZOO_PRESETS, preset_entries, train_zoo, zoo_record
 from core.zoo.train import load_checkpoint_model, log_checkpoint_steps, train_model
 
 TINY = ModelConfig(family="gpt_neox", n_layers=2, n_heads=4, d_model=32, d_ff=64, max_seq_len=32)
@@ -437,6 +437,17 @@ def test_presets_have_the_promised_models():
     shifted = [t for n, _, t in ZOO_PRESETS["paper"] if n == "induction-neox-shifted"][0]
     assert shifted.init_from == "induction-neox-s0" and shifted.task == "shifted"
     assert paper.index("induction-neox-s0") < paper.index("induction-neox-shifted")
+
+
+def test_reference_format_preset_is_the_sequence_models_in_their_own_folders():
+    entries = preset_entries("paper", hhg_format="reference")
+    assert [n for n, _, _ in entries] == [n + "-ref" for n, _, t in ZOO_PRESETS["paper"] if t.task in ("reverse", "sort")]
+    assert {t.hhg_format for _, _, t in entries} == {"reference"}
+    assert [n for n, _, _ in preset_entries("paper", "sort-hhg-s3-ref", "reference")] == ["sort-hhg-s3-ref"]
+    with pytest.raises(HeadLabError, match="reverse and sort tasks only"):
+        TrainConfig(task="induction", hhg_format="reference")
+    with pytest.raises(HeadLabError, match="no reverse or sort model"):
+        preset_entries("scale", hhg_format="reference")
 
 
 def test_bad_configs_raise_headlab_errors():

@@ -358,6 +358,29 @@ def test_sequence_format_answers_padding_and_mask(task):
     assert seen_lengths == set(seq.TRAIN_LENGTHS)
 
 
+def test_sequence_reference_layout_on_hand_checked_rows():
+    """The [HHG] reference code's layout: input START x SEP and answer y END padded separately (m = 7)."""
+    tokens, mask = seq.make_sequence_batch("reverse", [3, 7], 64, 0, layout="reference")
+    headlab, _ = seq.make_sequence_batch("reverse", [3, 7], 64, 0)
+    assert tokens.shape == headlab.shape == (64, 17)
+    short = int(torch.nonzero(headlab[:, 4] == seq.SEP)[0])  # a 3-number sample, the same draw in both layouts
+    a, b, c = headlab[short, 1:4].tolist()
+    P, S, E = seq.PAD, seq.SEP, seq.END
+    assert tokens[short].tolist() == [seq.START, a, b, c, S, P, P, P, P, c, b, a, E, P, P, P, P]
+    assert torch.nonzero(mask[short]).flatten().tolist() == [8, 9, 10, 11]  # column 8 (a PAD) predicts y1
+    full = int(torch.nonzero(headlab[:, 8] == seq.SEP)[0])  # a 7-number sample: no padding, both layouts agree
+    assert torch.equal(tokens[full], headlab[full])
+    assert row_targets(tokens[full], mask[full]) == headlab[full, 9:16].tolist() + [E]
+    assert row_targets(tokens[short], mask[short]) == [c, b, a, E]
+    with pytest.raises(HeadLabError, match="headlab, reference"):
+        seq.make_sequence_batch("reverse", 3, 4, 0, layout="padded")
+
+
+def row_targets(row: torch.Tensor, mask: torch.Tensor) -> list[int]:
+    """The tokens the masked positions predict (the next token of each)."""
+    return row[1:][mask[:-1]].tolist()
+
+
 def test_sequence_batch_seeded_and_generator():
     a = seq.make_sequence_batch("sort", 5, 8, 3)
     b = seq.make_sequence_batch("sort", 5, 8, torch.Generator().manual_seed(3))
