@@ -76,7 +76,6 @@ class TrainConfig(JsonResult):
     betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-8
     head_l1: float = 0.0  # gpt_neox: group-lasso weight on each head's (Q,K,V,O) norm, after the warm-up
-    head_l1_after_induction: bool = False  # ... and only once induction has formed (repeated-half loss < 1 nat)
     grad_clip: float = 1.0
     text_first_steps: int = 0  # induction only: pure text steps before the repeat warm-up
     repeat_warmup_steps: int = 500  # induction only: repeat-rich warm-up first, then the mixture

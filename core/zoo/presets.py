@@ -112,9 +112,7 @@ _LLAMA_GQA_TRAIN = replace(_INDUCTION_TRAIN, steps=1400, lr=2e-3, repeat_warmup_
 
 
 def _paper_preset() -> list[tuple[str, ModelConfig, TrainConfig]]:
-    # The lasso waits for induction to form: from the warm-up's end it kept seeds 3 and 4 from learning it.
-    paper_induction = replace(_INDUCTION_TRAIN, head_l1_after_induction=True)
-    out = [(f"induction-neox-s{s}", _NEOX_INDUCTION, replace(paper_induction, seed=s)) for s in range(6)]
+    out = [(f"induction-neox-s{s}", _NEOX_INDUCTION, replace(_INDUCTION_TRAIN, seed=s)) for s in range(6)]
     out += [(f"reverse-hhg-s{s}", _HHG, replace(_HHG_TRAIN, seed=s)) for s in range(10)]
     out += [(f"sort-hhg-s{s}", _HHG, replace(_HHG_TRAIN, task="sort", seed=s)) for s in range(10)]
     out += [("induction-olmoe", _OLMOE, _OLMOE_TRAIN)]  # the quick preset's MoE model: one folder serves both

@@ -171,16 +171,6 @@ def _same_config(stored: dict | None, model_cfg: ModelConfig, train_cfg: TrainCo
     return ModelConfig.from_json(stored["model"]) == model_cfg and TrainConfig.from_json(stored["train"]) == train_cfg
 
 
-def lasso_on(train_cfg: TrainConfig, step: int, induction_step: int | None) -> bool:
-    """Whether the head group-lasso applies at `step`: after the warm-up, and with
-    head_l1_after_induction only once induction has formed (the first evaluation whose repeated-half
-    loss fell below core.zoo.evaluate.INDUCTION_LOSS_TARGET; kept in the resumable state). A lasso from the
-    warm-up's end can hold a slow seed's heads down before its induction forms (paper seeds s3 and s4)."""
-    if not train_cfg.head_l1 or step < train_cfg.text_first_steps + train_cfg.repeat_warmup_steps:
-        return False
-    return not train_cfg.head_l1_after_induction or (induction_step is not None and step >= induction_step)
-
-
 def batch_at(train_cfg: TrainConfig, step: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Training batch for `step`: tokens [batch, seq] and a loss mask [batch, seq] (None: every position)."""
     if train_cfg.task in SEQUENCE_TASKS:
@@ -440,7 +430,7 @@ def train_model(
                 _save_state(model, optimizer, out_dir, meta)
             a = train_cfg.loss_smoothing
             meta["ema"] = value if meta["ema"] is None else (1 - a) * meta["ema"] + a * value
-            if lasso_on(train_cfg, step, meta["induction_step"]):
+            if train_cfg.head_l1 and step >= train_cfg.text_first_steps + train_cfg.repeat_warmup_steps:
                 loss = loss + train_cfg.head_l1 * head_group_norms(model, model_cfg).sum()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

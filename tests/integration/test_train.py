@@ -18,7 +18,7 @@ from core.tasks.vocab import BOS, BYTE_VOCAB_SIZE
 from core.zoo.config import ModelConfig, TrainConfig
 from core.zoo.evaluate import induction_head_summary
 from core.zoo.presets import ZOO_PRESETS, preset_entries, train_zoo, zoo_record
-from core.zoo.train import lasso_on, load_checkpoint_model, log_checkpoint_steps, train_model
+from core.zoo.train import load_checkpoint_model, log_checkpoint_steps, train_model
 
 TINY = ModelConfig(family="gpt_neox", n_layers=2, n_heads=4, d_model=32, d_ff=64, max_seq_len=32)
 TINY_TRAIN = TrainConfig(
@@ -448,18 +448,6 @@ def test_reference_format_preset_is_the_sequence_models_in_their_own_folders():
         TrainConfig(task="induction", hhg_format="reference")
     with pytest.raises(HeadLabError, match="no reverse or sort model"):
         preset_entries("scale", hhg_format="reference")
-
-
-def test_lasso_waits_for_the_warm_up_and_optionally_for_induction():
-    plain = TrainConfig(head_l1=0.005, repeat_warmup_steps=500, text_first_steps=100)
-    assert [lasso_on(plain, step, None) for step in (0, 599, 600)] == [False, False, True]
-    waiting = replace(plain, head_l1_after_induction=True)
-    assert not lasso_on(waiting, 900, None)  # induction not formed yet
-    assert [lasso_on(waiting, step, 700) for step in (650, 699, 700)] == [False, False, True]
-    assert not lasso_on(waiting, 500, 300)  # formed during the warm-up: still waits for its end
-    assert not lasso_on(replace(waiting, head_l1=0.0), 900, 700)
-    paper = {n: t for n, _, t in ZOO_PRESETS["paper"]}
-    assert all(paper[f"induction-neox-s{s}"].head_l1_after_induction for s in range(6))
 
 
 def test_bad_configs_raise_headlab_errors():
