@@ -18,7 +18,7 @@ from core.threads import apply_thread_policy
 from pages._cache import cached_checkpoints, cached_hub_revisions, model_stamp
 from pages._state import (BACKEND, DEFAULT_MODEL, DTYPE, MODEL, MODEL_FOLDER, N_EXAMPLES, REVISION, SEED, SEQ_LEN,
                           TASK, TOKEN_HIGH, TOKEN_LOW, Workspace, bound, follow_hand_off, init_state,
-                          int_limits, publish_workspace, sync_url)
+                          int_limits, publish_workspace, sync_url, url_fallback, widget_key)
 from pages._widgets import format_tokens
 
 PAGES = [
@@ -30,6 +30,7 @@ PAGES = [
     st.Page("pages/coactivation.py", title="Co-activation", icon=":material/hub:", url_path="coactivation"),
     st.Page("pages/proposers.py", title="Proposers vs disposer", icon=":material/gavel:", url_path="proposers"),
     st.Page("pages/attribution.py", title="Gradient vs causal", icon=":material/compare_arrows:", url_path="attribution"),
+    st.Page("pages/patching.py", title="Patching", icon=":material/swap_horiz:", url_path="patching"),
     st.Page("pages/dynamics.py", title="Training dynamics", icon=":material/timeline:", url_path="dynamics"),
 ]
 
@@ -38,7 +39,8 @@ def _choose_model() -> str | None:
     """The model picker: a zoo model or a local folder typed in (a text box when the zoo is empty)."""
     zoo = list_zoo()
     current = st.session_state.get(MODEL)
-    options = zoo + ([current] if current and current not in zoo else [])
+    typed = st.session_state.get(widget_key(MODEL))  # a folder or hub name typed into the box ("Add: ...")
+    options = zoo + [name for name in dict.fromkeys((current, typed)) if name and name not in zoo]
     if not options:
         st.text_input("Local Hugging Face folder", key=MODEL_FOLDER)
         model_name = st.session_state.get(MODEL_FOLDER)
@@ -115,6 +117,8 @@ def workspace_sidebar() -> Workspace | None:
             return None
         revisions = [c.revision for c in checkpoints]
         if st.session_state.get(REVISION) not in revisions:
+            url_fallback(REVISION, st.session_state.get(REVISION), f"is not a checkpoint of {model_name}",
+                         f"its last checkpoint, {revisions[-1]},")
             st.session_state[REVISION] = revisions[-1]
         if len(revisions) > 1:
             tokens_of = {c.revision: c.tokens for c in checkpoints}

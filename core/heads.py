@@ -83,6 +83,11 @@ class HeadSet:
     def union(self, other: Iterable[Head]) -> "HeadSet":
         return HeadSet(self.heads + tuple(other))
 
+    def toggled(self, heads: Iterable[Head]) -> "HeadSet":
+        """Each of `heads` added when absent and removed when present (a click on a head grid)."""
+        flip = set(HeadSet(tuple(heads)).heads)
+        return HeadSet(tuple(set(self.heads) ^ flip))
+
     def to_json(self) -> list[list[int]]:
         return [[layer, head] for layer, head in self.heads]
 

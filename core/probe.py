@@ -171,7 +171,7 @@ def check_probe_fits(probe: ProbeSpec | ProbeBatch, model_or_config: Any) -> Non
     if context and probe.seq_len > int(context):
         raise HeadLabError(
             f"The probe length {probe.seq_len} is longer than the model's context ({context} tokens); "
-            f"use --seq-len {context} or less."
+            f"use a probe length T of {context} or less."
         )
     probe.check_vocab(vocab)
 

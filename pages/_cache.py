@@ -36,10 +36,12 @@ from core.pipelines.attribution_results import AttributionSettings
 from core.pipelines.closure import closure_test
 from core.pipelines.coactivation import CoactivationSettings, coactivation
 from core.pipelines.dynamics import cross_seed_matrix, form_vs_function, training_trajectories
+from core.pipelines.patching import PatchingReport, PatchPlan, patch_loaded
 from core.pipelines.proposers import DISPOSER, proposers_vs_disposer
 from core.pipelines.recipe import ScreenSettings, screen, screen_checkpoint
 from core.pipelines.sweep import SweepItem, probe_sweep
 from core.probe import check_probe_fits, full_attention_pattern, head_stats
+from core.store import canonical_json
 from core.tasks.specs import spec_from_json
 from core.workspace import zoo_dir
 from pages._state import Workspace
@@ -420,3 +422,21 @@ def run_form_function(ws: Workspace, circuit: HeadSet, n_controls: int, revision
     ff = form_vs_function(ws.ref, circuit, ws.spec, traj, n_controls=n_controls, revisions=list(revisions),
                           dtype=ws.dtype)
     return _store(_form_function_key(ws, circuit, n_controls, revisions), ff)
+
+
+def _patching_key(ws: Workspace, pairs: Any, settings: Any, plan: PatchPlan) -> tuple:
+    # pairs.to_json() holds a probe file's SHA-256: another file (or an edited one) is another run
+    return ("patching", ws.model_name, ws.revision, ws.stamp, ws.dtype, canonical_json(pairs.to_json()), settings, plan)
+
+
+def stored_patching(ws: Workspace, pairs: Any, settings: Any, plan: PatchPlan) -> PatchingReport | None:
+    """A patching report already run in this process for these pairs and settings, or None."""
+    return _stored(_patching_key(ws, pairs, settings, plan))
+
+
+def run_patching_report(ws: Workspace, pairs: Any, settings: Any, plan: PatchPlan,
+                        progress: Callable[[str, int, int], None] | None = None) -> PatchingReport:
+    """Patch the workspace checkpoint (the induction counterfactual or a probe file's pairs) and store the report."""
+    model = cached_model(ws.model_name, ws.revision, ws.stamp, ws.dtype)
+    report = patch_loaded(model, ws.model_name, ws.checkpoint, pairs, settings, plan, progress)
+    return _store(_patching_key(ws, pairs, settings, plan), report)

@@ -55,13 +55,17 @@ MODEL_FOLDER = "model_folder"  # the sidebar's text box when the zoo is empty
 # keys: shared by several pages
 HEADS_TEXT = "heads_text"  # the ablation lab's head box (its widget key)
 ABLATION_HEADS = "ablation_heads"  # its copy that survives visits to other pages
+HEADS_MODEL = "ablation_heads_model"  # the model those heads were picked on (another model's page clears them)
+HEADS_URL = "heads"  # the ablation lab's heads in a shared link (checked against the model on that page)
 ABLATION_HISTORY = "ablation_history"  # this session's ablation runs, latest first (the inspector reads it)
 
 # keys: internal
 WORKSPACE = "_workspace"  # the Workspace app.py's sidebar selected this run (None: none)
 _INITIALISED = "_workspace_init"
 _URL_NOTES = "_url_notes"  # what init_state ignored in the link, shown in the sidebar for the session
+_FROM_URL = "_from_url"  # the values init_state took from the link and nothing has checked against the model yet
 _GOTO = "_goto_page"  # a page a hand-off asked for
+HAND_OFF_NOTE = "_hand_off_note"  # what a hand-off changed in the workspace, said once on the page it opened
 
 # pages a hand-off opens
 INSPECTOR = "pages/inspector.py"
@@ -122,6 +126,7 @@ def init_state() -> None:
                     notes.append(f"{problem}, so {used} is used")
                 else:
                     st.session_state[key] = value
+                    st.session_state.setdefault(_FROM_URL, {})[key] = value
         for key, value in DEFAULTS.items():
             st.session_state.setdefault(key, value)
         st.session_state[_URL_NOTES] = notes
@@ -129,6 +134,17 @@ def init_state() -> None:
     notes = st.session_state.get(_URL_NOTES)
     if notes:
         st.sidebar.warning("This link's settings were not all usable: " + "; ".join(notes) + ".")
+
+
+def url_fallback(key: str, value: Any, problem: str, used: str) -> None:
+    """A value the link set that this model cannot take (a checkpoint it lacks, a head outside it): say so
+    once, where the caller draws, and in the sidebar for the rest of the session. Silent when the value
+    did not come from the link (e.g. the revision of the model chosen before)."""
+    if st.session_state.get(_FROM_URL, {}).pop(key, None) != value:
+        return
+    note = f"{key}={value!r} {problem}, so {used} is used"
+    st.session_state.setdefault(_URL_NOTES, []).append(note)
+    st.warning(f"This link's {note}.")
 
 
 def url_value(key: str, text: str) -> tuple[Any, str | None]:
@@ -228,8 +244,8 @@ def current_head(n_layers: int, n_heads: int, fallback: Head = (0, 0)) -> Head:
             heads = parse_heads(str(text), n_layers, n_heads).heads
             if heads:
                 return heads[0]
-        except HeadLabError:
-            pass
+        except HeadLabError as exc:
+            url_fallback(HEAD, text, f"names no head of this model ({str(exc).rstrip('.')})", head_name(fallback))
     return fallback
 
 
@@ -272,12 +288,17 @@ def send_to_ablation_lab(heads: Iterable[Head], vocab_size: int | None = None,
     text = str(HeadSet(tuple(heads)))
     st.session_state[HEADS_TEXT] = text
     st.session_state[ABLATION_HEADS] = text
+    ws = st.session_state.get(WORKSPACE)
+    if ws is not None:
+        st.session_state[HEADS_MODEL] = ws.model_name
     if vocab_size is not None:
-        ws = st.session_state.get(WORKSPACE)
         if ws is None or ws.task != "induction" or not _readable(ws.spec, vocab_size):
             low, high = token_range
             for key, value in ((TASK, "induction"), (TOKEN_LOW, low), (TOKEN_HIGH, high)):
                 set_choice(key, value)
+            st.session_state[HAND_OFF_NOTE] = (
+                f"The probe was switched to induction over tokens {low}..{high - 1} so that this model can read it; "
+                "the verdict measures the heads on that task, which may not be the one the model was trained on.")
     st.session_state[_GOTO] = ABLATION_LAB
 
 

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import streamlit as st
 
 from core.errors import HeadLabError
-from core.figures._style import heads_from_points
+from core.figures._style import heads_from_points, short_tokens
 from core.figures.bundle import FigureBundle
 from core.heads import Head
 
@@ -30,12 +30,7 @@ def guarded(fn: Callable[[], Any], stop: bool = True) -> Any:
 
 def format_tokens(tokens: int) -> str:
     """Token counts as researchers read them: 12.3k, 4.1M, 2.0B."""
-    if tokens < 0:
-        return "unknown tokens"
-    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if tokens >= scale:
-            return f"{tokens / scale:.3g}{unit} tokens"
-    return f"{tokens} tokens"
+    return "unknown tokens" if tokens < 0 else f"{short_tokens(tokens)} tokens"
 
 
 def export_buttons(bundle: FigureBundle, key: str) -> None:
@@ -69,6 +64,21 @@ def show_figure(bundle: FigureBundle, key: str, pickable: bool = False, stretch:
         return heads_from_points(event.get("selection", {}).get("points", []))
     except (HeadLabError, AttributeError):
         return []
+
+
+def chart_pick(chart_key: str) -> tuple[list[Head], bool]:
+    """The heads picked on the pickable chart `chart_key` (read before it is redrawn), and whether by a box or lasso.
+
+    A page that adds picks up draws a fresh chart (a new key) after each one, so that every click is an
+    event of its own: Streamlit reports the chart's whole selection, and not whether shift was held.
+    """
+    state = st.session_state.get(chart_key)
+    selection = state.get("selection", {}) if state else {}
+    try:
+        heads = heads_from_points(selection.get("points", []))
+    except HeadLabError:
+        return [], False
+    return heads, bool(selection.get("box") or selection.get("lasso"))
 
 
 def new_pick(chart_key: str) -> list[Head]:

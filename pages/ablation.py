@@ -4,25 +4,37 @@ import pandas as pd
 import streamlit as st
 
 from core.ablation.engine import AblationCancelled
-from core.ablation.spec import MODES
+from core.ablation.spec import PROBE_MODES, mode_help
 from core.ablation.study import AblationSettings, example_damage, worst_examples
 from core.errors import HeadLabError
 from core.figures.ablation import ablation_strip, head_grid, per_example_damage
 from core.heads import HeadSet, head_name, parse_heads
-from core.stats.controls import CONTROL_KINDS, count_matched_sets
-from core.stats.inference import METRICS
+from core.stats.controls import CONTROL_KINDS, count_any_layer_sets, count_matched_sets
+from core.stats.inference import METRICS, MIN_CLOSURE_CONTROLS, format_z
 from core.stats.spectral import resolve_k, top_k
 from core.tasks.vocab import token_label
 from pages._cache import (cached_batch, checkpoint_screen, prepare_ablation, run_ablation, screen_report,
                           stored_ablation)
-from pages._state import ABLATION_HEADS, HEADS_TEXT, ablation_history, open_in_inspector, require_workspace
-from pages._widgets import guarded, new_pick, show_figure
+from pages._state import (ABLATION_HEADS, HAND_OFF_NOTE, HEADS_MODEL, HEADS_TEXT, HEADS_URL, ablation_history,
+                          open_in_inspector, require_workspace)
+from pages._widgets import chart_pick, guarded, show_figure
 
-GRID_KEY = "ablation_grid"
+GRID_KEY = "ablation_grid"  # the grid's container; the chart inside gets a new key after each pick (see _grid_key)
+GRID_ROUND = "_ablation_grid_round"  # how many picks the grid has taken this session
+URL_HEADS_TAKEN = "_ablation_url_heads_taken"  # the link's heads were read (once a session: later the page writes them)
 CANCELLED = "_ablation_cancelled"  # set by the cancel button, read by the running study
 PRESET_MESSAGE = "_preset_message"  # why a preset found no heads (shown after the rerun)
 VERDICT_TITLES = {"recipe": "Recipe verdict [SPC]", "closure_paper": "Closure verdict, paper rule [CVC]",
                   "closure_reference": "Closure verdict, reference rule [CVC]"}
+
+
+def _grid_key() -> str:
+    """The grid chart's key: a new one after each pick, so the next click starts from an empty chart selection."""
+    return f"{GRID_KEY}_pick_{st.session_state.get(GRID_ROUND, 0)}"
+
+
+def _clear_heads() -> None:
+    st.session_state[HEADS_TEXT] = ""
 
 
 def _cancel() -> None:
@@ -45,9 +57,38 @@ def _stats_table(result) -> pd.DataFrame:
             continue
         table.append({"metric": metric, "clean": s["clean"], "candidate Δ": s["candidate_delta"],
                       "95% CI": f"[{s['candidate_ci'][0]:.3g}, {s['candidate_ci'][1]:.3g}]",
-                      "control mean Δ": s.get("control_mean"), "control std": s.get("control_std"), "z": s.get("z"),
+                      "control mean Δ": s.get("control_mean"), "control std": s.get("control_std"), "z": _z_text(s),
                       "rank": s.get("rank"), "p": s.get("p"), "upper bound Δ": s.get("upper_bound_delta")})
     return pd.DataFrame(table)
+
+
+def _z_text(s: dict) -> str:
+    """z for the table: "pending" while a run is previewed (no rank yet), "n/a (degenerate)" for controls that do not vary."""
+    if "z" not in s:
+        return "-"  # no controls ran
+    return format_z(s["z"]) if s.get("rank") is not None else "pending"
+
+
+def _control_sets_notice(selection, kind: str, n_layers: int, n_heads: int) -> int:
+    """Say how many distinct control sets the selection has (and when that is too few); returns that number."""
+    upper = f"plus the upper bound (every head in layers {', '.join(map(str, selection.layers))})"
+    if kind == "matched":
+        n_sets = count_matched_sets(selection, n_heads)  # 0: a layer holds more than half its heads
+        if not n_sets:
+            st.warning(f"{len(selection)} heads selected, more than half of a layer: no disjoint matched control "
+                       "exists, so Run is off; choose any-layer controls.")
+    else:
+        n_sets = count_any_layer_sets(selection, n_layers, n_heads)  # 0: more than half of the model
+        if not n_sets:
+            st.warning(f"{len(selection)} heads selected, more than half of the model: no disjoint control exists, "
+                       "so Run is off; select fewer heads.")
+    if n_sets:
+        st.caption(f"{len(selection)} heads selected; {n_sets:,} distinct {kind} control sets exist; {upper}.")
+    if 0 < n_sets < MIN_CLOSURE_CONTROLS:
+        st.warning(f"Only {n_sets} distinct {kind} control set{' exists' if n_sets == 1 else 's exist'} for this "
+                   f"selection: the verdicts will be inconclusive (they need at least {MIN_CLOSURE_CONTROLS}). "
+                   "Choose fewer heads or the other control kind.")
+    return n_sets
 
 
 def _live_drawer(slot, ws):
@@ -75,14 +116,32 @@ n_layers, n_heads = sel_induction.shape
 classes = here.classes  # [layer, head]
 # the text box's own state is dropped on other pages: keep a copy, re-bound to the key every run
 st.session_state[HEADS_TEXT] = st.session_state.get(HEADS_TEXT, st.session_state.get(ABLATION_HEADS, ""))
+picked_on = st.session_state.get(HEADS_MODEL, ws.model_name)
+if picked_on != ws.model_name and st.session_state[HEADS_TEXT]:  # heads of another model mean nothing here
+    st.info(f"The head selection {st.session_state[HEADS_TEXT]} was made on {picked_on}; it is cleared for "
+            f"{ws.model_name}.")
+    st.session_state[HEADS_TEXT] = ""
+st.session_state[HEADS_MODEL] = ws.model_name
+if HEADS_URL in st.query_params and not st.session_state.get(URL_HEADS_TAKEN):  # a shared link's heads, once
+    st.session_state[URL_HEADS_TAKEN] = True
+    if not st.session_state[HEADS_TEXT]:
+        st.session_state[HEADS_TEXT] = st.query_params[HEADS_URL]  # parsed against this model below
 
+if st.session_state.get(HAND_OFF_NOTE):
+    st.info(st.session_state.pop(HAND_OFF_NOTE))
 if st.session_state.pop(CANCELLED, False):
     st.warning("The ablation run was cancelled; nothing was stored. Press Run ablation to start it again.")
 
-# A new click, box or lasso selection on the grid replaces the typed heads (read before the text box is drawn).
-picked = new_pick(GRID_KEY)
+# A click on the grid toggles a head in or out of the selection; a box or lasso adds the heads inside it
+# (read before the text box is drawn). Streamlit does not pass the shift key, so no gesture replaces the selection.
+picked, by_area = chart_pick(_grid_key())
 if picked:
-    st.session_state[HEADS_TEXT] = str(HeadSet(tuple(picked)))
+    try:
+        current = parse_heads(st.session_state[HEADS_TEXT], n_layers, n_heads)
+    except HeadLabError:
+        current = HeadSet()  # an empty box, or typed text that does not parse: the pick starts afresh
+    st.session_state[HEADS_TEXT] = str(current.union(picked) if by_area else current.toggled(picked))
+    st.session_state[GRID_ROUND] = st.session_state.get(GRID_ROUND, 0) + 1
 
 grid_box = st.container()  # drawn last (it outlines the heads parsed below), shown first
 preset_col, control_col = st.columns([2, 3], gap="large")
@@ -114,6 +173,10 @@ with control_col:
     text = st.text_input("Heads to ablate", key=HEADS_TEXT, placeholder="e.g. L1H0, L1H3 or L1H*",
                          help='Heads as "L{layer}H{head}", counted from 0; "L1H*" is every head of layer 1.')
     st.session_state[ABLATION_HEADS] = text
+    if text.strip():  # a shared link reopens with these heads
+        st.query_params[HEADS_URL] = text
+    elif HEADS_URL in st.query_params:
+        del st.query_params[HEADS_URL]
     selection = None
     if text.strip():
         try:
@@ -125,27 +188,21 @@ with control_col:
     seed = int(c2.number_input("Control seed", 0, 2**31 - 1, 123, key="control_seed"))
     control_kind = c1.radio("Controls", list(CONTROL_KINDS), horizontal=True, key="control_kind",
                             help="matched: the same number of heads in each of the same layers; any-layer: same size anywhere.")
-    mode = c2.radio("Ablation", list(MODES), horizontal=True, key="ablation_mode")
-    if selection is not None:
-        if control_kind == "matched":
-            n_matched = count_matched_sets(selection, n_heads)  # 0: a layer holds more than half its heads
-            if n_matched:
-                st.caption(f"{len(selection)} heads selected; {n_matched:,} distinct "
-                           f"matched sets exist; plus the upper bound (every head in layers "
-                           f"{', '.join(map(str, selection.layers))}).")
-            else:
-                st.caption(f"{len(selection)} heads selected, more than half of a layer: no disjoint matched "
-                           "control exists; choose any-layer controls.")
-        else:
-            st.caption(f"{len(selection)} heads selected; plus the upper bound.")
-    run = st.button("Run ablation", type="primary", disabled=selection is None, key="run_ablation")
+    mode = c2.selectbox("Ablation", list(PROBE_MODES), key="ablation_mode",
+                        help="What an ablated head's output (hook_z, before W_O, every position) is replaced by: "
+                             + mode_help(PROBE_MODES) + ".")
+    n_sets = 0 if selection is None else _control_sets_notice(selection, control_kind, n_layers, n_heads)
+    run = st.button("Run ablation", type="primary", disabled=n_sets == 0, key="run_ablation")
 
 with grid_box:
     chosen = selection.heads if selection is not None else ()
     grid = head_grid(sel_induction, chosen, ws.model_name, ws.revision,
-                     "pick heads: click, box or lasso",
+                     "pick heads: a click adds or removes one, a box or lasso adds",
                      classes=classes)
-    show_figure(grid, GRID_KEY, pickable=True, stretch=False)
+    with st.container(key=GRID_KEY):
+        show_figure(grid, _grid_key(), pickable=True, stretch=False)
+    st.button("Clear selection", key="clear_heads", on_click=_clear_heads, disabled=not text.strip(),
+              icon=":material/deselect:")
 guarded(lambda: prepare_ablation(ws), stop=False)  # Ray backend: the workers hold this checkpoint before the click
 
 # ------------------------------------------------------------------ run
@@ -191,6 +248,8 @@ entry = history[shown]
 result = entry["result"]
 
 st.subheader("Verdict")
+if result.control_sets.note:  # too few distinct controls: said here, beside the verdicts it weakens
+    st.warning(result.control_sets.note[0].upper() + result.control_sets.note[1:], icon=":material/warning:")
 for name, verdict in result.verdicts.items():
     body = (f"**{VERDICT_TITLES.get(name, name)}: {verdict.label}**  \nrule — {verdict.rule}\n\n"
             + "\n".join(f"- {reason}" for reason in verdict.reasons))
@@ -224,4 +283,5 @@ i2.button("Open it in the head inspector", key="open_inspector", icon=":material
           args=(target,))
 st.caption("The head inspector shows its attention on the examples this run hurt most.")
 for note in result.notes:
-    st.caption(f"Note: {note}")
+    if note != result.control_sets.note:
+        st.caption(f"Note: {note}")

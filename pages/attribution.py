@@ -6,11 +6,12 @@ from dataclasses import replace
 import pandas as pd
 import streamlit as st
 
+from core.ablation.spec import SEQUENCE_MODES, mode_help, mode_label
 from core.errors import HeadLabError
 from core.figures.attribution import hero_bloat_heatmap, joint_ablation_bars, rank_scatter, rho_strip
 from core.heads import head_name, parse_heads
 from core.pipelines.attribution import manifest_task, sequence_zoo_models, stored_summaries
-from core.pipelines.attribution_results import (ABLATION_MODES, CLASS_RULES, DEFAULT_THRESHOLD, GRADIENT_VARIANTS,
+from core.pipelines.attribution_results import (CLASS_RULES, DEFAULT_THRESHOLD, GRADIENT_VARIANTS,
                                                 AttributionSettings, parse_component)
 from core.tasks.sequences import NUMBER_HIGH, NUMBER_LOW, OOD_LENGTHS, SEQ_VOCAB_SIZE, TASKS
 from pages._cache import run_attribution, stored_attribution
@@ -25,7 +26,7 @@ NUMBERS = (NUMBER_LOW, NUMBER_HIGH + 1)  # the lab's induction probe for these m
 def _group_label(s) -> str:
     """One stored group in words: size and settings."""
     x = s.settings
-    return (f"{s.n_models} models · gradient {x.gradient_variant} · {x.ablation_mode} ablation · {x.rule} rule "
+    return (f"{s.n_models} models · gradient {x.gradient_variant} · {mode_label(x.ablation_mode)} ablation · {x.rule} rule "
             f"(threshold {x.threshold:g}) · {x.n_batches} batches · OOD length {x.ood_length or 'auto'}")
 
 
@@ -176,8 +177,8 @@ c1, c2, c3 = st.columns(3)
 variant = c1.radio("Gradient variant", list(GRADIENT_VARIANTS), horizontal=True, key="attr_variant",
                    help="paper: a head's W_V and W_O slices together (an MLP's output matrix), norm / sqrt(weights); "
                         "reference: the head's W_V rows (the MLP's output matrix), unnormalised.")
-mode = c2.radio("Ablation", list(ABLATION_MODES), horizontal=True, key="attr_mode",
-                help="mean: replace by the per-position mean over the evaluation sequences; zero: replace by 0.")
+mode = c2.radio("Ablation", list(SEQUENCE_MODES), horizontal=True, key="attr_mode",
+                help=mode_help(SEQUENCE_MODES, "mean") + ".")
 rule = c3.radio("Threshold rule", list(CLASS_RULES), horizontal=True, key="attr_rule",
                 help="paper: bloat d ≥ 6, hero d ≤ −6; reference code: strict > and <.")
 c1, c2, c3 = st.columns(3)

@@ -10,7 +10,7 @@ from core.figures.coactivation import (ari_by_k_chart, candidate_rows, candidate
                                        coupling_heatmap, default_edge_threshold, route_null_chart)
 from core.pipelines.closure import DEFAULT_N_CONTROLS
 from core.pipelines.coactivation import DEFAULT_N_NULL, DEFAULT_STRATA, CoactivationSettings, default_settings
-from core.stats.inference import METRICS
+from core.stats.inference import METRICS, format_z
 from pages._cache import cached_proposal, checkpoint_stats, run_closure, stored_closure
 from pages._state import require_workspace, send_to_ablation_lab
 from pages._widgets import export_buttons, guarded, new_pick, show_figure
@@ -162,7 +162,7 @@ for s in test.splits:
     row = {"controls": s.kind, "examples": s.split, "n": s.n_examples}
     for m in METRICS:
         row[f"Δ {m}"] = s.stats[m]["candidate_delta"]
-        row[f"z {m}"] = s.stats[m].get("z")
+        row[f"z {m}"] = format_z(s.stats[m].get("z"))
     row["paper rule"] = s.verdicts["paper"].label
     row["reference rule"] = s.verdicts["reference"].label
     rows.append(row)

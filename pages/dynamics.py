@@ -4,12 +4,10 @@ between seeds and across a data shift, and how its form (selectivity) and functi
 import pandas as pd
 import streamlit as st
 
-from core.errors import HeadLabError
 from core.figures.dynamics import (cross_seed_figure, data_shift_figure, form_function_figure, identification_figure,
                                    timing_figure)
 from core.heads import HeadSet, head_name, parse_heads
-from core.model.refs import list_zoo, read_manifest
-from core.pipelines.dynamics import continued_from, data_shift_jaccard
+from core.pipelines.dynamics import continuations, data_shift_jaccard, seed_peers, zoo_manifests
 from core.stats.dynamics import DEFAULT_MARGIN, FORM_FUNCTION_LABELS, IDENTIFIABLE_BAND
 from pages._cache import (cached_trajectories, model_stamp, run_cross_seed, run_form_function, screen_report,
                           stored_cross_seed, stored_form_function)
@@ -17,20 +15,6 @@ from pages._state import PR_DEFINITION, bound, require_workspace
 from pages._widgets import format_tokens, guarded, show_figure
 
 DEFINITIONS = {"entropy": "entropy effective rank", "classic": "classic PR"}
-
-
-def same_shape_models(shape: tuple[int, int], tasks: tuple[str, ...] = ("induction",)) -> list[str]:
-    """Zoo models trained on one of `tasks` with this shape (other seeds, continued runs)."""
-    out = []
-    for name in list_zoo():
-        try:
-            manifest = read_manifest(name)
-            model = manifest["config"]["model"]
-        except (HeadLabError, KeyError, TypeError):
-            continue
-        if manifest.get("task") in tasks and (model.get("n_layers"), model.get("n_heads")) == shape:
-            out.append(name)
-    return out
 
 
 st.title("Training dynamics")
@@ -74,21 +58,30 @@ else:
 st.subheader("When does the recipe already return the final circuit?")
 ident = traj.identification()
 m1, m2, m3 = st.columns(3)
+if not ident.final_circuit:
+    st.info(f"No circuit found: no head of {ws.model_name} reaches the membership threshold at its final checkpoint, "
+            "so there is nothing for the recipe to identify earlier.")
 m1.metric("earliest identifying checkpoint",
-          "never" if ident.first.tokens is None else format_tokens(int(ident.first.tokens)),
+          "no circuit found" if not ident.final_circuit
+          else "never" if ident.first.tokens is None else format_tokens(int(ident.first.tokens)),
           help="The first checkpoint t at which the recipe run on checkpoints up to t returns the final circuit "
                "(Jaccard 1).")
 m2.metric("fraction of training tokens", "—" if ident.first_fraction is None else f"{ident.first_fraction:.3%}",
           help=f"[SPC]: identifiable from {IDENTIFIABLE_BAND[0]:.1%}-{IDENTIFIABLE_BAND[1]:.0%} of the tokens.")
 m3.metric("stable from", "—" if ident.stable_fraction is None else f"{ident.stable_fraction:.3%}",
           help="From this checkpoint on, every checkpoint returns the final circuit.")
-show_figure(identification_figure([(ws.model_name, ident)]), "dyn_identification")
+if ident.final_circuit:
+    show_figure(identification_figure([(ws.model_name, ident)]), "dyn_identification")
 
 # ------------------------------------------------------------------ 3. cross-seed ablation
 st.subheader("Cross-seed ablation")
 st.caption("Each model's final circuit ablated in each model, against matched-random head sets of the target model "
            "(same layers and counts). [SPC] finds circuits seed-specific: a circuit does little outside its own model.")
-options = sorted(set(same_shape_models((n_layers, n_heads))) | {ws.model_name})
+manifests = zoo_manifests()
+options = sorted([ws.model_name] + seed_peers(ws.model_name, manifests))  # same task and architecture, from scratch
+if len(options) == 1:
+    st.caption(f"No other seed of {ws.model_name} in the zoo (a model of the same task and architecture); the paper "
+               "preset trains several (python -m core zoo --preset paper).")
 s1, s2 = st.columns([3, 1])
 models = s1.multiselect("Models (seeds)", options, default=options, key=f"dyn_seed_models-{ws.model_name}")
 seed_controls = int(s2.number_input("Random draws", 1, 200, 20, key="dyn_seed_controls"))
@@ -105,19 +98,16 @@ if matrix is not None:
 
 # ------------------------------------------------------------------ 4. data shift
 st.subheader("Circuit membership across a data shift")
-shape_peers = same_shape_models((n_layers, n_heads), ("induction", "shifted"))
 d1, d2 = st.columns(2)
-base_name = d1.selectbox("Base model", [ws.model_name] + sorted(set(shape_peers) - {ws.model_name}), key="dyn_shift_base")
-shift_options = [m for m in shape_peers if m != base_name]
+bases = [ws.model_name] + sorted(m for m in manifests if m != ws.model_name and continuations(m, manifests))
+base_name = d1.selectbox("Base model", bases, key="dyn_shift_base")
+shift_options = continuations(base_name, manifests)  # only a model trained on from this one's weights
 if not shift_options:
-    st.info(f"No other zoo model of {base_name}'s shape to compare with: the paper preset's induction-neox-shifted "
-            "continues induction-neox-s0 on another distribution (python -m core zoo --preset paper).")
+    st.info(f"No zoo model continues {base_name} on other data (a model trained with init_from {base_name}), so "
+            "there is no data shift to show: the paper preset's induction-neox-shifted continues induction-neox-s0 "
+            "on another distribution (python -m core zoo --preset paper).")
 else:
-    default_shift = next((m for m in shift_options if continued_from(m) == base_name), None)
-    shifted_name = d2.selectbox("Continued on other data", shift_options,
-                                index=shift_options.index(default_shift) if default_shift else 0, key="dyn_shift_model")
-    if continued_from(shifted_name) != base_name:
-        st.caption(f"{shifted_name} does not continue {base_name}: this compares two independent models.")
+    shifted_name = d2.selectbox("Continued on other data", shift_options, key="dyn_shift_model")
     base_traj = guarded(lambda: cached_trajectories(base_name, ws.spec_json, definition, model_stamp(base_name),
                                                     ws.dtype, ws.backend), stop=False)
     shifted_traj = guarded(lambda: cached_trajectories(shifted_name, ws.spec_json, definition,

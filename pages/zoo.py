@@ -15,6 +15,20 @@ from pages._state import current_workspace
 from pages._widgets import format_tokens
 
 st.title("Models & training")
+st.markdown(
+    "HeadLab finds the attention heads that carry a behaviour (such as induction) in a model's training "
+    "checkpoints, and tests them causally. Pick a model and a checkpoint in the sidebar, then follow the recipe: "
+    "**Spectral signal** ranks heads by how their attention changes over training, **Pattern screen** names "
+    "induction and previous-token heads by their attention, and the **Ablation lab** knocks a group of heads out "
+    "against random groups of the same size and gives a verdict with its rule.")
+HEADLINE = ("induction_loss", "strong_induction_count", "marker_accuracy", "train_accuracy")  # one line per task
+
+
+def _result(final: dict) -> str:
+    """A model's final evaluation in a few words (the manifest's headline figures)."""
+    shown = [f"{key.replace('_', ' ')} {final[key]:.3g}" for key in HEADLINE
+             if isinstance(final.get(key), (int, float)) and not isinstance(final.get(key), bool)]
+    return "; ".join(shown) or "not evaluated yet"
 
 
 def train_quick_zoo() -> None:
@@ -64,17 +78,20 @@ for name in zoo_names:
         continue
     cfg = manifest.get("config", {}).get("model", {})
     final = manifest.get("final") or {}
+    seconds = manifest.get("train_seconds")
     rows.append({
         "model": name,
-        "family": manifest.get("family"),
         "task": manifest.get("task"),
+        "result": _result(final),
+        "trained on": format_tokens(int(final["tokens"])) if isinstance(final.get("tokens"), (int, float)) else "—",
         "layers x heads": f"{cfg.get('n_layers')} x {cfg.get('n_heads')}",
+        "family": manifest.get("family"),
         "checkpoints": len(manifest.get("checkpoints", [])),
-        "complete": manifest.get("complete"),
-        "train seconds": manifest.get("train_seconds"),
-        **{k: v for k, v in final.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
+        "complete": bool(manifest.get("complete")),
+        "training time": f"{seconds / 60:.1f} min" if isinstance(seconds, (int, float)) else "—",
     })
 st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+st.caption("Start with induction-neox, the zoo's main model: its induction circuit is the one the papers describe.")
 
 if workspace is None:
     st.stop()

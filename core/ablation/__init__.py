@@ -1,1 +1,1 @@
-"""Group ablation: spec.py (Ablation, the one metric definition), engine.py (hooks, prefix reuse), study.py (studies, summaries, worst examples), workers.py (a study over workers holding the model)."""
+"""Group ablation: spec.py (Ablation, the one metric definition), engine.py (prefix reuse, the runs), replacements.py (what an ablation writes: zero, means, resample, ...), study.py (studies, summaries, worst examples), compare.py (one group under every ablation type), workers.py (a study over workers holding the model)."""

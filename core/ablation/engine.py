@@ -7,7 +7,8 @@ lowest ablated layer (prefix reuse), several conditions stacked in one batch on 
 allows (examples per batch and conditions per stack follow core/model/memory.py's estimate of the
 free memory; every forward runs under its lean_forward); `ablated_logits_fn` serves sequence
 tasks (greedy exact match under an ablation). `stream_conditions` hands out each condition as it
-finishes (the app draws them); spec.py says what is ablated and measured; study.py runs studies.
+finishes (the app draws them); spec.py says what is ablated and measured, replacements.py what an
+ablated activation is replaced by (and the hooks that write it); study.py runs studies.
 
 Why prefix reuse is hand-made: TransformerBridge's `forward(..., start_at_layer=k)` gives the right
 logits but still executes blocks 0..k-1 internally (their output is discarded), so it saves no time.
@@ -22,9 +23,10 @@ Two more cuts, each self-checked (they are what takes a Pythia-160m recipe past 
 - in a parallel-residual block (GPT-NeoX/Pythia, GPT-J: out = x + attn(x) + mlp(x)), ablating heads
   only changes attn(x) by sum_h (replacement_h - z_h) W_O[h]; the condition's residual after its
   lowest ablated layer is the clean one plus that change, so that layer is not replayed at all.
+  Every probe mode writes at hook_z from clean statistics, so both cuts hold for each of them.
 
 Precision: a bfloat16/float16 model runs its blocks in that dtype, but the metrics (query_metrics)
-and the means of mean ablation are computed in float32; the self-check's tolerance is a few units
+and the replacement statistics (means, ...) are computed in float32; the self-check's tolerance is a few units
 of the dtype's precision, since a replay may round differently from the full forward.
 """
 
@@ -35,135 +37,36 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import torch
 from transformer_lens.model_bridge.generalized_components import ParallelBlockBridge
 
-from core.ablation.spec import Ablation, ConditionMetrics, query_metrics
+from core.ablation.replacements import (Replacements, ablation_hooks, compute_replacements, head_mask_rows, per_row,
+                                        replaced_hook_names)
+from core.ablation.spec import PROBE_MODES, SEQUENCE_MODES, Ablation, ConditionMetrics, query_metrics
 from core.errors import HeadLabError
-from core.model.hooks import head_output_weights, hook_name, mlp_hook_name, model_device, model_dtype, model_shape
+from core.model.hooks import head_output_weights, hook_name, model_device, model_dtype, model_shape
 from core.model.memory import ForwardShape, chunk_size_for, forward_bytes, lean_forward, memory_budget
 from core.stats.inference import METRICS
 
 # ----------------------------------------------------------------------------------------------
-# Hooks
+# Sequence tasks
 # ----------------------------------------------------------------------------------------------
 
 
-def _head_mask_rows(ablations: Sequence[Ablation], layer: int, n_heads: int, rows_per: int, device) -> torch.Tensor | None:
-    """Bool [condition*rows_per, head]: which heads of `layer` each row ablates; None if none."""
-    mask = torch.zeros(len(ablations), n_heads, dtype=torch.bool)
-    for i, ablation in enumerate(ablations):
-        for l, h in ablation.heads:
-            if l == layer:
-                mask[i, h] = True
-    if not bool(mask.any()):
-        return None
-    return mask.repeat_interleave(rows_per, dim=0).to(device)
-
-
-def _ablation_hooks(
-    model: Any, ablations: Sequence[Ablation], rows_per: int, means: dict[str, torch.Tensor] | None, device
-) -> list[tuple[str, Callable]]:
-    """Forward hooks that apply `ablations` to a batch stacked condition-major: row = condition*rows_per + example.
-
-    All ablations in one call share a mode. Means ([pos, ...]) are sliced to the current length.
-    """
-    n_layers, n_heads, _ = model_shape(model)
-    mode = ablations[0].mode
-    hooks: list[tuple[str, Callable]] = []
-    touched = sorted({layer for a in ablations for layer in a.layers})
-    for layer in touched:
-        head_rows = _head_mask_rows(ablations, layer, n_heads, rows_per, device)
-        if head_rows is not None:
-            name = hook_name("z", layer)
-            mean = None if mode == "zero" else _need_mean(means, name)
-
-            def z_hook(z, hook=None, rows=head_rows, mean=mean):
-                # z: [row, pos, head, d_head]; rows: [row, head]
-                replacement = torch.zeros((), dtype=z.dtype, device=z.device) if mean is None else mean[None, : z.shape[1]].to(z.dtype)
-                return torch.where(rows[:, None, :, None], replacement, z)
-
-            hooks.append((name, z_hook))
-        mlp_rows = torch.tensor([layer in a.mlp_layers for a in ablations], dtype=torch.bool)
-        if bool(mlp_rows.any()):
-            name = mlp_hook_name(model, layer)
-            mean = None if mode == "zero" else _need_mean(means, name)
-            rows = mlp_rows.repeat_interleave(rows_per).to(device)
-
-            def mlp_hook(out, hook=None, rows=rows, mean=mean):
-                # out: [row, pos, d_model]; rows: [row]
-                replacement = torch.zeros((), dtype=out.dtype, device=out.device) if mean is None else mean[None, : out.shape[1]].to(out.dtype)
-                return torch.where(rows[:, None, None], replacement, out)
-
-            hooks.append((name, mlp_hook))
-    return hooks
-
-
-def _need_mean(means: dict[str, torch.Tensor] | None, name: str) -> torch.Tensor:
-    if means is None or name not in means:
-        raise HeadLabError(f"mean ablation needs the clean mean of {name}; compute it with compute_means(model, tokens, ablation).")
-    return means[name]
-
-
-def _mean_hook_names(model: Any, ablations: Iterable[Ablation]) -> list[str]:
-    names: set[str] = set()
-    for ablation in ablations:
-        if ablation.mode != "mean":
-            continue
-        names.update(hook_name("z", layer) for layer in ablation.heads.layers)
-        names.update(mlp_hook_name(model, layer) for layer in ablation.mlp_layers)
-    return sorted(names)
-
-
-@torch.no_grad()
-def compute_means(model: Any, tokens: torch.Tensor, ablation: Ablation | Iterable[Ablation], batch_size: int | None = None) -> dict[str, torch.Tensor]:
-    """Per-position means over the examples of every activation a mean ablation replaces.
-
-    tokens: [example, pos]. Returns {hook name: [pos, head, d_head] or [pos, d_model]} (float32).
-    For sequence tasks pass the evaluation set. batch_size: examples per forward (default: as many
-    as fit in the free memory).
-    """
-    ablations = [ablation] if isinstance(ablation, Ablation) else list(ablation)
-    names = sorted({name for a in ablations for name in _mean_hook_names(model, [Ablation(a.heads, a.mlp_layers, "mean")])})
-    device = model_device(model)
-    sums: dict[str, torch.Tensor] = {}
-
-    def accumulate(act, hook):
-        total = act.detach().float().sum(dim=0)
-        sums[hook.name] = total if hook.name not in sums else sums[hook.name] + total
-        return act
-
-    size = int(batch_size or _auto_example_batch(model, int(tokens.shape[0]), int(tokens.shape[1]), 0, device))
-    with lean_forward(model):
-        for start in range(0, tokens.shape[0], size):
-            chunk = tokens[start : start + size].to(device)
-            model.run_with_hooks(chunk, fwd_hooks=[(name, _renamed(accumulate, name)) for name in names])
-    return {name: sums[name] / tokens.shape[0] for name in names}
-
-
-def _renamed(fn: Callable, name: str) -> Callable:
-    """A hook that sees `hook.name == name` even when the bridge resolves an alias to another point."""
-
-    class _Named:
-        pass
-
-    tag = _Named()
-    tag.name = name
-
-    def hook(act, hook=None):
-        return fn(act, tag)
-
-    return hook
-
-
-def ablated_logits_fn(model: Any, ablation: Ablation, means: dict[str, torch.Tensor] | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
+def ablated_logits_fn(model: Any, ablation: Ablation,
+                      replacements: Replacements | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
     """A function tokens [batch, pos] -> logits [batch, pos, vocab] with `ablation` applied.
 
-    For sequence tasks (greedy decoding): mean ablation needs `means` from `compute_means` over the
-    evaluation set; positions beyond the means' length are refused.
+    For sequence tasks (greedy decoding, whose rows are no fixed probe examples): modes SEQUENCE_MODES;
+    all but zero need `replacements` from `compute_replacements` over the evaluation set; a
+    mean-per-position ablation refuses positions beyond the statistics' length.
     """
     n_layers, n_heads, _ = model_shape(model)
     ablation.validate(n_layers, n_heads)
-    if ablation.mode == "mean":
-        for name in _mean_hook_names(model, [ablation]):
-            _need_mean(means, name)
+    if ablation.mode not in SEQUENCE_MODES:
+        raise HeadLabError(f"{ablation.mode} ablation needs fixed probe examples; on a sequence task use one of "
+                           f"{', '.join(SEQUENCE_MODES)}.")
+    stats = replacements or Replacements()
+    names = replaced_hook_names(model, ablation)
+    for name in names:
+        stats.value(ablation, name, (0, 0), 0)  # missing statistics: refused now, not mid-decoding
     device = model_device(model)
 
     @torch.no_grad()
@@ -171,15 +74,9 @@ def ablated_logits_fn(model: Any, ablation: Ablation, means: dict[str, torch.Ten
         tokens = tokens.to(device)
         if ablation.is_empty:
             return model(tokens)
-        if means is not None and ablation.mode == "mean":
-            longest = min(int(means[name].shape[0]) for name in _mean_hook_names(model, [ablation]))
-            if tokens.shape[1] > longest:
-                raise HeadLabError(
-                    f"mean ablation has means for {longest} positions but the input has {tokens.shape[1]}; "
-                    "compute the means on sequences at least as long."
-                )
-        hooks = _ablation_hooks(model, [ablation], tokens.shape[0], means, device)
-        return model.run_with_hooks(tokens, fwd_hooks=hooks)
+        for name in names:
+            stats.value(ablation, name, (0, 0), int(tokens.shape[1]))  # positions the statistics cover
+        return model.run_with_hooks(tokens, fwd_hooks=ablation_hooks(model, [ablation], (0, int(tokens.shape[0])), stats))
 
     return logits_fn
 
@@ -200,10 +97,11 @@ def greedy_exact_match(logits_fn: Callable[[torch.Tensor], torch.Tensor], prompt
 
 
 def exact_match_under_ablation(
-    model: Any, ablation: Ablation, evaluate: Callable[[Callable[[torch.Tensor], torch.Tensor]], float], means: dict[str, torch.Tensor] | None = None
+    model: Any, ablation: Ablation, evaluate: Callable[[Callable[[torch.Tensor], torch.Tensor]], float],
+    replacements: Replacements | None = None,
 ) -> float:
     """Run a sequence-task evaluator (takes a logits_fn, returns an accuracy) with `ablation` applied."""
-    return float(evaluate(ablated_logits_fn(model, ablation, means)))
+    return float(evaluate(ablated_logits_fn(model, ablation, replacements)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -256,8 +154,9 @@ class _Recorder:
     """Records, in the clean forward, what every block from `first` on receives; the final residual;
     and the clean hook_z of the `z_layers` (for the parallel-residual shortcut)."""
 
-    def __init__(self, model: Any, first: int, keep: Iterable[int] = (), z_layers: Iterable[int] = ()):
+    def __init__(self, model: Any, first: int, keep: Iterable[int] = (), z_layers: Iterable[int] = (), lo: int = 0):
         self.model = model
+        self.lo = lo  # the probe index of the first example it records (what resample/token-wise replacements read)
         self.first = first
         self.keep = set(keep)  # layers whose input residual is kept (the conditions' start layers)
         self.z_layers = sorted(set(z_layers))
@@ -344,22 +243,21 @@ def _adds_attention_to_residual(model: Any, layer: int) -> bool:
     return isinstance(model.blocks[layer], ParallelBlockBridge)
 
 
-def _head_change(weights: torch.Tensor, z: torch.Tensor, chunk: Sequence[Ablation], layer: int, rows: int,
-                 means: dict[str, torch.Tensor] | None) -> torch.Tensor:
+def _head_change(weights: torch.Tensor, z: torch.Tensor, chunk: Sequence[Ablation], layer: int, rows: tuple[int, int],
+                 replacements: Replacements | None) -> torch.Tensor:
     """What ablating `chunk`'s heads at `layer` adds to that block's output: [cond*row, pos, d_model].
 
-    weights: W_O of the layer [head, d_head, d_model]; z: the clean hook_z [row, pos, head, d_head].
-    Each condition's ablated heads change by (replacement - z), replacement 0 or the clean mean.
+    weights: W_O of the layer [head, d_head, d_model]; z: the clean hook_z of probe examples
+    rows[0]..rows[1]-1 [row, pos, head, d_head]. Each condition's ablated heads change by
+    (replacement - z), the replacement any hook_z mode writes (not reference-slice, which writes after W_O).
     """
     n_heads = int(z.shape[2])
-    mask = _head_mask_rows(chunk, layer, n_heads, rows, z.device)  # [cond*row, head]
+    mask = head_mask_rows(chunk, layer, n_heads, rows[1] - rows[0], z.device)  # [cond*row, head]
     z_rows = z.repeat(len(chunk), 1, 1, 1)  # [cond*row, pos, head, d_head]
     if mask is None:
         return torch.zeros(z_rows.shape[0], z_rows.shape[1], weights.shape[-1], dtype=z.dtype, device=z.device)
-    if chunk[0].mode == "mean":
-        replacement = _need_mean(means, hook_name("z", layer))[None, : z.shape[1]].to(z.dtype)
-    else:
-        replacement = torch.zeros((), dtype=z.dtype, device=z.device)
+    stats = replacements or Replacements()
+    replacement = per_row(stats.value(chunk[0], hook_name("z", layer), rows, z.shape[1]).to(z.device, z.dtype), z_rows.shape[0])
     change = torch.where(mask[:, None, :, None], replacement - z_rows, torch.zeros((), dtype=z.dtype, device=z.device))
     return torch.einsum("rphd,hdm->rpm", change, weights.to(z.dtype))
 
@@ -399,7 +297,7 @@ def _auto_chunk(model: Any, rows: int, seq_len: int, n_conditions: int, full_log
 
 
 def _condition_logits(model: Any, rec: _Recorder, chunk: Sequence[Ablation], start: int, rows: int, query: torch.Tensor,
-                      means: dict[str, torch.Tensor] | None, n_rows: int | None = None,
+                      replacements: Replacements | None, n_rows: int | None = None,
                       start_weights: torch.Tensor | None = None, last_mlp_at_query: bool = False) -> torch.Tensor:
     """One stacked forward of `chunk` from the clean run `rec` recorded on `rows` examples: logits at
     the query positions [cond*n_rows, vocab], condition-major (n_rows: the first n_rows examples only).
@@ -411,11 +309,12 @@ def _condition_logits(model: Any, rec: _Recorder, chunk: Sequence[Ablation], sta
     n_rows = rows if n_rows is None else n_rows
     index = None if n_rows == rows else torch.arange(n_rows, device=query.device)
     reps = len(chunk)
-    hooks = _ablation_hooks(model, chunk, n_rows, means, query.device) if not all(a.is_empty for a in chunk) else []
+    examples = (rec.lo, rec.lo + n_rows)
+    hooks = ablation_hooks(model, chunk, examples, replacements) if not all(a.is_empty for a in chunk) else []
     if start_weights is not None:
         first = start + 1
         resid = rec.resid_before(first)[:n_rows].repeat(reps, 1, 1)  # [cond*row, pos, d_model]
-        resid = resid + _head_change(start_weights, rec.z[start][:n_rows], chunk, start, n_rows, means)
+        resid = resid + _head_change(start_weights, rec.z[start][:n_rows], chunk, start, examples, replacements)
     else:
         first = start
         resid = rec.resid_before(start)[:n_rows].repeat(reps, 1, 1)
@@ -474,6 +373,9 @@ def stream_conditions(
     for ablation in conditions:
         if not isinstance(ablation, Ablation):
             raise HeadLabError("conditions must be Ablation objects; build them with Ablation(heads=HeadSet(...)).")
+        if ablation.mode not in PROBE_MODES:
+            raise HeadLabError(f"{ablation.mode} ablation is for the [HHG] sequence tasks only (not a head ablation); "
+                               f"on a probe use one of {', '.join(PROBE_MODES)}.")
         ablation.validate(n_layers, n_heads)
     device = torch.device(device) if device is not None else model_device(model)
     tokens_all = batch.tokens
@@ -481,15 +383,15 @@ def stream_conditions(
     target_all = batch.target.to(device)
     n, seq_len = int(tokens_all.shape[0]), int(tokens_all.shape[1])
 
-    # condition order: grouped by (start layer, mode) so one stacked forward shares both; condition 0's
+    # condition order: grouped by (start layer, mode, seed) so one stacked forward shares them; condition 0's
     # group first (the order of groups changes no number: each group's stacks are the same either way)
-    group_of = [(a.start_layer(n_layers), a.mode) for a in conditions]
+    group_of = [(a.start_layer(n_layers), a.mode, a.seed) for a in conditions]
     order = sorted(range(len(conditions)), key=lambda i: (group_of[i] != group_of[0], group_of[i], i))
-    groups: dict[tuple[int, str], list[int]] = {}
+    groups: dict[tuple[int, str, int], list[int]] = {}
     for i in order:
         groups.setdefault(group_of[i], []).append(i)
     first_start = min([key[0] for key in groups] or [n_layers])
-    starts = sorted({start for start, _ in groups if start < n_layers}) if strategy != "full" else []
+    starts = sorted({key[0] for key in groups if key[0] < n_layers}) if strategy != "full" else []
     # parallel-residual start layers are skipped: their clean output and z are kept instead
     shortcut_starts = [start for start in starts if _adds_attention_to_residual(model, start)]
     n_kept = 1 + len(starts) + 2 * len(shortcut_starts)
@@ -511,9 +413,7 @@ def stream_conditions(
             raise AblationCancelled("the ablation run was cancelled; start it again to get results.")
 
     with lean_forward(model):  # one layer's activations alive at a time: what the example batch assumes
-        means = None
-        if any(a.mode == "mean" for a in conditions):
-            means = compute_means(model, tokens_all, [a for a in conditions if a.mode == "mean"], batch_size=ex_size)
+        stats = compute_replacements(model, tokens_all, conditions, batch_size=ex_size)
 
         for c_index, (lo, hi) in enumerate(example_chunks):
             check_cancel()
@@ -521,7 +421,8 @@ def stream_conditions(
             query, target = query_all[lo:hi], target_all[lo:hi]
             rows = hi - lo
             keep = starts + [start + 1 for start in shortcut_starts]
-            with _Recorder(model, first_start if use_prefix else n_layers, keep, shortcut_starts if use_prefix else ()) as rec:
+            recorder = _Recorder(model, first_start if use_prefix else n_layers, keep, shortcut_starts if use_prefix else (), lo)
+            with recorder as rec:
                 logits = model(tokens)  # [row, pos, vocab]
             clean_q = logits[torch.arange(rows, device=device), query]  # [row, vocab]
             del logits
@@ -541,7 +442,7 @@ def stream_conditions(
 
                 def replay_differs(at_query: bool) -> bool:
                     try:
-                        replay = _condition_logits(model, rec, clean_chunk, first_start, rows, query, means, probe,
+                        replay = _condition_logits(model, rec, clean_chunk, first_start, rows, query, stats, probe,
                                                    last_mlp_at_query=at_query)
                     except RuntimeError:  # a block that cannot take the query rows alone
                         return True
@@ -552,16 +453,16 @@ def stream_conditions(
                     if replay_differs(False):
                         use_prefix = False
                         notes.append("prefix reuse did not reproduce the clean logits for this model; every condition ran a full forward instead.")
-                heads_only = [(start, conditions[i]) for (start, _), members in groups.items() if start in shortcut_starts
+                heads_only = [(start, conditions[i]) for (start, _, _), members in groups.items() if start in shortcut_starts
                               for i in members if start not in conditions[i].mlp_layers]
                 if use_prefix and heads_only:
                     start, ablation = heads_only[0]
-                    skipped = _condition_logits(model, rec, [ablation], start, rows, query, means, 2, output_weights[start])
-                    if _differs(skipped, _condition_logits(model, rec, [ablation], start, rows, query, means, 2), model):
+                    skipped = _condition_logits(model, rec, [ablation], start, rows, query, stats, 2, output_weights[start])
+                    if _differs(skipped, _condition_logits(model, rec, [ablation], start, rows, query, stats, 2), model):
                         shortcut_starts = []
                         notes.append("skipping the lowest ablated layer did not match replaying it; every start layer was replayed.")
 
-            for (start, mode), members in groups.items():
+            for (start, _, _), members in groups.items():
                 size = int(chunk_size or _auto_chunk(model, rows, seq_len, len(members), not use_prefix, device))
                 for k in range(0, len(members), size):
                     check_cancel()
@@ -569,11 +470,11 @@ def stream_conditions(
                     reps = len(chunk)
                     if use_prefix:
                         skip_start = start in shortcut_starts and not any(start in a.mlp_layers for a in chunk)
-                        out_q = _condition_logits(model, rec, chunk, start, rows, query, means,
+                        out_q = _condition_logits(model, rec, chunk, start, rows, query, stats,
                                                   start_weights=output_weights[start] if skip_start else None,
                                                   last_mlp_at_query=last_mlp_at_query)
                     else:
-                        hooks = _ablation_hooks(model, chunk, rows, means, device) if not all(a.is_empty for a in chunk) else []
+                        hooks = ablation_hooks(model, chunk, (lo, hi), stats) if not all(a.is_empty for a in chunk) else []
                         query_rep = query.repeat(reps)
                         out = model.run_with_hooks(tokens.repeat(reps, 1), fwd_hooks=hooks)
                         out_q = out[torch.arange(rows * reps, device=device), query_rep]

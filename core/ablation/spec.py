@@ -18,28 +18,57 @@ from core.heads import HeadSet
 from core.results import JsonResult
 from core.stats.inference import METRICS, canonical_metric
 
-MODES = ("zero", "mean")
+NOT_A_HEAD_ABLATION = "not a head ablation: reproduces the published numbers"
+# What an ablated activation is replaced by (core/ablation/replacements.py computes the values):
+MODE_HELP = {
+    "zero": "replaced by 0",
+    "mean": "replaced by its mean over every example and position of the probe (one value per head)",
+    "mean-per-position": "replaced by its mean over the probe examples at the same position",
+    "resample": "replaced by the same component's output on another probe example (a seeded derangement)",
+    "token-wise-mean": "replaced by its mean over every (example, position) of the probe holding the same input token",
+    "reference-slice": NOT_A_HEAD_ABLATION + " ([HHG] reference code: the head's "
+                       "all-position mean z written over columns h*d_head..(h+1)*d_head of the attention output after W_O)",
+}
+MODES = tuple(MODE_HELP)
+
+
+def mode_label(mode: str) -> str:
+    """How results name an ablation mode: reference-slice always carries its warning."""
+    return f"{mode} ({NOT_A_HEAD_ABLATION})" if mode == "reference-slice" else mode
+
+
+def mode_help(modes: tuple[str, ...], default: str = "zero") -> str:
+    """Help text for a choice of ablation modes (a --mode flag, a page's selectbox): what each writes."""
+    return "; ".join(f"{m}: {MODE_HELP[m]}" for m in modes) + f" (default {default})"
+
+
+PROBE_MODES = ("zero", "mean", "mean-per-position", "resample", "token-wise-mean")  # studies on a probe batch
+SEQUENCE_MODES = ("mean", "mean-per-position", "reference-slice", "zero")  # [HHG] greedy decoding (ablated_logits_fn)
 
 
 @dataclass(frozen=True)
 class Ablation(JsonResult):
-    """Heads (zeroed or mean-replaced at hook_z, before W_O, at every position) and MLP outputs.
+    """Heads (replaced at hook_z, before W_O, at every position) and MLP outputs (the MLP output hook).
 
-    mode "zero": replace by 0; "mean": replace by its per-position mean over the probe examples
-    (computed once from the clean run).
+    mode: one of MODES (MODE_HELP says what each writes; the values come from the clean run of the
+    probe examples, core/ablation/replacements.py). The same rule holds for MLP outputs, except
+    "reference-slice", whose MLPs get the all-position mean as in the reference code. seed: the
+    derangement of "resample" (ignored by the other modes).
     """
 
     heads: HeadSet = field(default_factory=HeadSet)
     mlp_layers: tuple[int, ...] = ()
     mode: str = "zero"
     label: str = ""
+    seed: int = 0
 
     def __post_init__(self) -> None:
         heads = self.heads if isinstance(self.heads, HeadSet) else HeadSet(tuple(self.heads))
         object.__setattr__(self, "heads", heads)
         object.__setattr__(self, "mlp_layers", tuple(sorted({int(layer) for layer in self.mlp_layers})))
+        object.__setattr__(self, "seed", int(self.seed))
         if self.mode not in MODES:
-            raise HeadLabError(f"ablation mode {self.mode!r} is unknown; use 'zero' or 'mean'.")
+            raise HeadLabError(f"ablation mode {self.mode!r} is unknown; use one of {', '.join(MODES)}.")
 
     @property
     def is_empty(self) -> bool:
@@ -66,7 +95,7 @@ class Ablation(JsonResult):
     def describe(self) -> str:
         parts = [str(self.heads)] if len(self.heads) else []
         parts += [f"MLP{layer}" for layer in self.mlp_layers]
-        return (",".join(parts) or "nothing") + f" ({self.mode})"
+        return (",".join(parts) or "nothing") + f" ({mode_label(self.mode)})"
 
 
 def _array(values: Any) -> np.ndarray:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from core.ablation.engine import run_conditions, stream_conditions
-from core.ablation.spec import MODES, Ablation, ConditionMetrics
+from core.ablation.spec import MODE_HELP, PROBE_MODES, Ablation, ConditionMetrics
 from core.errors import HeadLabError
 from core.heads import HeadSet, head_name
 from core.model.hooks import model_dtype, model_shape
@@ -40,7 +40,8 @@ class AblationSettings(JsonResult):
     """Everything that determines an AblationResult besides the model, the batch and the selection.
 
     n_controls: random control draws; controls: "matched" (same count in each selected layer) or
-    "any-layer" (same size anywhere); mode: "zero" or "mean"; seed: the control draws' seed;
+    "any-layer" (same size anywhere); mode: one of spec.PROBE_MODES; seed: the control draws' seed and
+    resample ablation's derangement;
     metrics: measured metrics (reference names accepted, stored canonical); n_boot, boot_seed: the
     paired bootstrap; chunk_size: conditions stacked per forward (None: 1 on CPU, memory-sized on
     CUDA); z_threshold: the closure rule's |z|; min_*: the recipe verdict's thresholds [SPC].
@@ -68,8 +69,8 @@ class AblationSettings(JsonResult):
         object.__setattr__(self, "include_upper_bound", bool(self.include_upper_bound))
         if self.controls not in CONTROL_KINDS:
             raise HeadLabError(f"control kind {self.controls!r} is unknown; use 'matched' or 'any-layer'.")
-        if self.mode not in MODES:
-            raise HeadLabError(f"ablation mode {self.mode!r} is unknown; use 'zero' or 'mean'.")
+        if self.mode not in PROBE_MODES:
+            raise HeadLabError(f"ablation mode {self.mode!r} is not one of a probe's: use one of {', '.join(PROBE_MODES)}.")
         metrics = (self.metrics,) if isinstance(self.metrics, str) else tuple(self.metrics)
         if not metrics:
             raise HeadLabError(f"metrics is empty; name at least one of {', '.join(METRICS)}.")
@@ -143,10 +144,10 @@ def study_conditions(selection: HeadSet, n_layers: int, n_heads: int,
         sets = matched_random_controls(selection, n_layers, n_heads, s.n_controls, s.seed)
     else:
         sets = any_layer_random_controls(selection, n_layers, n_heads, s.n_controls, s.seed)
-    conditions = [Ablation(selection, (), s.mode, CANDIDATE)]
-    conditions += [Ablation(c, (), s.mode, f"control {i}") for i, c in enumerate(sets)]
+    conditions = [Ablation(selection, (), s.mode, CANDIDATE, s.seed)]
+    conditions += [Ablation(c, (), s.mode, f"control {i}", s.seed) for i, c in enumerate(sets)]
     if s.include_upper_bound:
-        conditions.append(Ablation(upper_bound(selection, n_heads), (), s.mode, UPPER_BOUND))
+        conditions.append(Ablation(upper_bound(selection, n_heads), (), s.mode, UPPER_BOUND, s.seed))
     return conditions, sets
 
 
@@ -216,8 +217,8 @@ def assemble_study(settings: AblationSettings, sets: ControlSets, clean: Conditi
     else:
         verdicts["closure_paper"] = closure_verdict(cand_d, ctrl_d, "paper", headline, s.z_threshold)
         verdicts["closure_reference"] = closure_verdict(cand_d, ctrl_d, "reference", headline, s.z_threshold)
-    if s.mode == "mean":
-        notes.append("mean ablation: each head output replaced by its per-position mean over the probe examples (clean run).")
+    if s.mode != "zero":
+        notes.append(f"{s.mode} ablation: each head output {MODE_HELP[s.mode]} (clean run).")
     provenance = {
         "model": info["model"], "n_layers": info["n_layers"], "n_heads": info["n_heads"], "batch": info["batch"],
         "n_examples": info["n_examples"], "seq_len": info["seq_len"], "controls": s.controls, "control_seed": s.seed,
@@ -255,7 +256,7 @@ def summarize_ablation(result: AblationResult) -> dict:
                                   ("clean", "candidate_delta", "control_mean", "control_std", "z", "p",
                                    "rank", "upper_bound_delta", "candidate_ci") if key in stats}
     for name, verdict in result.verdicts.items():
-        out["verdicts"][name] = {"label": verdict.label, "rule": verdict.rule}
+        out["verdicts"][name] = {"label": verdict.label, "rule": verdict.rule, "reasons": list(verdict.reasons)}
     return out
 
 

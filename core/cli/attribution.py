@@ -8,11 +8,11 @@ from tqdm import tqdm
 
 from core.cli.backend import add_backend_arguments, executor_from_args
 from core.cli.probe import add_device_arguments
+from core.ablation.spec import SEQUENCE_MODES, mode_help, mode_label
 from core.errors import HeadLabError
 from core.model.refs import ModelRef
 from core.pipelines.attribution import analyze_ref, attribution_dir, postfix_progress, run_preset
 from core.pipelines.attribution_results import (
-    ABLATION_MODES,
     CLASS_RULES,
     DEFAULT_THRESHOLD,
     GRADIENT_VARIANTS,
@@ -29,7 +29,8 @@ def add_attribution_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--revision", default=None, help="checkpoint (default: the last one)")
     parser.add_argument("--ood-length", type=int, default=None, help="OOD length (default: first of 8..11 with accuracy in [0.20, 0.75])")
     parser.add_argument("--gradient-variant", choices=GRADIENT_VARIANTS, default="paper", help="paper (W_V+W_O / sqrt(n), default) or reference (W_V rows, raw)")
-    parser.add_argument("--ablation", choices=ABLATION_MODES, default="mean", help="mean (default) or zero ablation")
+    parser.add_argument("--ablation", choices=SEQUENCE_MODES, default="mean",
+                        help=mode_help(SEQUENCE_MODES, "mean"))
     parser.add_argument("--n-batches", type=int, default=50, help="OOD batches for the gradient (default 50)")
     parser.add_argument("--batch-size", type=int, default=64, help="gradient batch size (default 64)")
     parser.add_argument("--n-examples", type=int, default=500, help="evaluation examples per accuracy (default 500)")
@@ -77,7 +78,8 @@ def _num(value: float | None, fmt: str = ".3f") -> str:
 def _result_line(r: AttributionResult) -> str:
     ratio = r.joint_bloats.ratio_to_mean
     return (
-        f"{r.model}: OOD length {r.ood_length} (clean {r.clean_accuracy:.2f}), rho {_num(r.rho)}, "
+        f"{r.model} ({mode_label(r.settings.ablation_mode)} ablation): OOD length {r.ood_length} "
+        f"(clean {r.clean_accuracy:.2f}), rho {_num(r.rho)}, "
         f"heroes {', '.join(r.members('hero')) or 'none'}, bloats {', '.join(r.members('bloat')) or 'none'}, "
         f"bloat joint/mean-single {_num(ratio, '.1f')}" + ("" if ratio is not None else f" ({r.joint_bloats.reason})")
     )
@@ -85,6 +87,7 @@ def _result_line(r: AttributionResult) -> str:
 
 def _summary_line(s: AttributionSummary) -> str:
     return (
-        f"{s.task}: {s.n_models} models, rho {_num(s.rho_mean)} +- {_num(s.rho_std)} "
+        f"{s.task} ({mode_label(s.settings.ablation_mode)} ablation): {s.n_models} models, "
+        f"rho {_num(s.rho_mean)} +- {_num(s.rho_std)} "
         f"(min {_num(s.rho_min)}, max {_num(s.rho_max)}), skipped {len(s.skipped)}"
     )

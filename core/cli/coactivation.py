@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from core.ablation.spec import PROBE_MODES, mode_help
 from core.cli.probe import add_probe_spec_arguments, probe_spec_from_args, seed_arg
 from core.figures.bundle import export_bundle
 from core.figures.coactivation import coactivation_bundles
@@ -45,7 +46,7 @@ def add_coactivation_arguments(parser: argparse.ArgumentParser) -> None:
                         help="matched: exact stratum sizes (default); reference: uniform labels")
     parser.add_argument("--controls", type=int, default=DEFAULT_N_CONTROLS, help="random controls per kind (default 5)")
     parser.add_argument("--control-seed", type=seed_arg, default=DEFAULT_CONTROL_SEED)
-    parser.add_argument("--mode", choices=("zero", "mean"), default="zero")
+    parser.add_argument("--mode", choices=PROBE_MODES, default="zero", help=mode_help(PROBE_MODES))
     parser.add_argument("--no-closure", action="store_true", help="stop after the proposal (no ablation)")
     parser.add_argument("--figures", default=None, metavar="DIR",
                         help="also export the figures (PNG/SVG/PDF + CSV/JSON) into DIR")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from core.ablation.spec import PROBE_MODES, mode_help
 from core.ablation.study import AblationSettings, ablation_study
 from core.cli.probe import add_probe_spec_arguments, probe_spec_from_args, seed_arg
 from core.errors import HeadLabError
@@ -50,7 +51,7 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
                         help='heads to ablate, e.g. "L1H3,L1H7" (default: the screened induction circuit, else top-K spectral)')
     parser.add_argument("--controls", type=int, default=20, help="matched-random control draws (default 20)")
     parser.add_argument("--control-kind", choices=("matched", "any-layer"), default="matched")
-    parser.add_argument("--mode", choices=("zero", "mean"), default="zero", help="ablation mode (default zero)")
+    parser.add_argument("--mode", choices=PROBE_MODES, default="zero", help=mode_help(PROBE_MODES))
     parser.add_argument("--control-seed", type=seed_arg, default=123, help="seed of the control draws (default 123)")
     parser.add_argument("--formats", default=",".join(IMAGE_FORMATS),
                         help="image formats, comma-separated (default png,svg,pdf); CSV and JSON are always written")

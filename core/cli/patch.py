@@ -1,4 +1,5 @@
-"""`python -m core patch`: activation, attribution, group and path patching on the induction probe's counterfactual."""
+"""`python -m core patch`: activation, attribution, group and path patching on the induction probe's counterfactual
+or on the pairs of a probe file (--probe-file, core/tasks/probe_file.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from core.model.loading import load_config
 from core.model.refs import ModelRef, resolve_checkpoint
 from core.pipelines.patching import PatchingReport, PatchPlan, patch_model
 from core.stats.controls import CONTROL_KINDS
+from core.stats.inference import format_z
 from core.stats.patching import DIRECTIONS
 from core.tasks.counterfactual import InductionCounterfactualSpec
+from core.tasks.probe_file import PADDING_SIDES, read_probe_file
 
 
 def add_patch_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +44,11 @@ def add_patch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-attribution", action="store_true", help="skip attribution patching")
     parser.add_argument("--corrupt-seed", type=int, default=0, help="seed of the corrupted earlier A (default 0)")
     parser.add_argument("--batch-size", type=int, default=None, help="examples per forward (default: as many as fit)")
+    parser.add_argument("--probe-file", default=None,
+                        help="JSONL of your own clean/corrupted pairs instead of the induction counterfactual (one "
+                             "record per line: prompt, target, corrupted_prompt, optional corrupted_target, query_pos)")
+    parser.add_argument("--padding", choices=PADDING_SIDES, default="right",
+                        help="with --probe-file: the side shorter prompts are padded on (default right)")
     add_probe_spec_arguments(parser)
 
 
@@ -49,8 +57,9 @@ def _heads(text: str | None, n_layers: int, n_heads: int) -> HeadSet | None:
 
 
 def cli_patch(args: argparse.Namespace) -> dict:
-    if args.task != "induction":
-        raise HeadLabError("patch has a built-in counterfactual for the induction probe only; use --task induction.")
+    if args.probe_file is None and args.task != "induction":
+        raise HeadLabError("patch has a built-in counterfactual for the induction probe only; use --task induction "
+                           "or give your own pairs with --probe-file.")
     ref = ModelRef.parse(args.model)
     config = load_config(ref, resolve_checkpoint(ref, args.revision).revision)
     shape = (config.num_hidden_layers, config.num_attention_heads)
@@ -59,7 +68,10 @@ def cli_patch(args: argparse.Namespace) -> dict:
                              batch_size=args.batch_size)
     plan = PatchPlan(attribution=not args.no_attribution, group=_heads(args.heads, *shape),
                      senders=_heads(args.senders, *shape), receivers=_heads(args.receivers, *shape), components=args.component)
-    pairs = InductionCounterfactualSpec(probe_spec_from_args(args), seed=args.corrupt_seed)
+    if args.probe_file is not None:
+        pairs = read_probe_file(args.probe_file, padding=args.padding)
+    else:
+        pairs = InductionCounterfactualSpec(probe_spec_from_args(args), seed=args.corrupt_seed)
     bar = {"stage": None, "tqdm": None}  # one bar per stage, the previous one closed when the next starts
 
     def progress(stage: str, done: int, total: int) -> None:
@@ -97,11 +109,11 @@ def report_lines(report: PatchingReport, top: int = 8) -> list[str]:
     if report.group is not None:
         g = report.group
         lines.append(f"group {g.selection}: score {g.score:.3f}; {len(g.control_scores)} {g.control_sets.kind} controls "
-                     f"{g.stats['control_mean']:.3f} +- {g.stats['control_std']:.3f} (z {g.stats['z']:.3g}, p {g.stats['p']:.3g}); "
+                     f"{g.stats['control_mean']:.3f} +- {g.stats['control_std']:.3f} (z {format_z(g.stats['z'])}, p {g.stats['p']:.3g}); "
                      f"every head of its layers {g.upper_bound_score:.3f}")
     lines += [f"note: {note}" for note in report.notes]
     if report.path is not None:
         p = report.path
         lines.append(f"path {p.senders} -> {p.receivers} ({','.join(p.components)}): score {p.score:.3f}; random senders "
-                     f"{p.stats['control_mean']:.3f} +- {p.stats['control_std']:.3f} (z {p.stats['z']:.3g}, p {p.stats['p']:.3g})")
+                     f"{p.stats['control_mean']:.3f} +- {p.stats['control_std']:.3f} (z {format_z(p.stats['z'])}, p {p.stats['p']:.3g})")
     return lines

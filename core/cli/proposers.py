@@ -6,6 +6,7 @@ import argparse
 import math
 from dataclasses import replace
 
+from core.ablation.spec import PROBE_MODES, mode_help
 from core.cli.probe import add_probe_spec_arguments, probe_spec_from_args, seed_arg
 from core.model.refs import ModelRef
 from core.pipelines.proposers import DEFAULT_CONTROLS, DISPOSER, proposers_vs_disposer
@@ -19,7 +20,7 @@ def add_proposers_arguments(parser: argparse.ArgumentParser) -> None:
                         help="heads per spectral/gradient proposal (default: the pattern-screen circuit's size)")
     parser.add_argument("--controls", type=int, default=DEFAULT_CONTROLS, help="random control sets per proposal")
     parser.add_argument("--control-kind", choices=("any-layer", "matched"), default="any-layer")
-    parser.add_argument("--mode", choices=("zero", "mean"), default="zero")
+    parser.add_argument("--mode", choices=PROBE_MODES, default="zero", help=mode_help(PROBE_MODES))
     parser.add_argument("--control-seed", type=seed_arg, default=123, help="control draw seed")
 
 

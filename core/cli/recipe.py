@@ -10,13 +10,17 @@ import argparse
 
 from tqdm import tqdm
 
+from core.ablation.compare import ablation_under_every_mode
+from core.ablation.spec import PROBE_MODES, mode_help
 from core.ablation.study import AblationSettings, summarize_ablation
 from core.cli.backend import add_backend_arguments, executor_from_args
 from core.cli.probe import add_probe_spec_arguments, probe_spec_from_args, seed_arg
 from core.heads import parse_heads
-from core.model.loading import load_config
+from core.model.loading import load_config, load_model
 from core.model.refs import ModelRef, list_checkpoints, resolve_checkpoint
 from core.pipelines.recipe import ScreenSettings, ablate, run_recipe, screen
+from core.probe import check_probe_fits
+from core.stats.inference import format_z
 from core.stats.selectivity import CLASS_THRESHOLD
 from core.stats.spectral import DEFAULT_DEFINITION, DEFAULT_RULE
 
@@ -69,10 +73,13 @@ def cli_screen(args: argparse.Namespace) -> dict:
 def _print_summary(title: str, summary: dict) -> None:
     print(title)
     for metric, stats in summary["metrics"].items():
-        figures = "  ".join(f"{k}={v:.4g}" for k, v in stats.items() if isinstance(v, (int, float)))
+        figures = "  ".join(f"{k}={format_z(v) if k == 'z' else f'{v:.4g}'}" for k, v in stats.items()
+                            if k == "z" or isinstance(v, (int, float)))
         print(f"  {metric:13s} {figures}")
     for name, verdict in summary["verdicts"].items():
         print(f"  verdict {name}: {verdict['label']}  ({verdict['rule']})")
+        if verdict["label"] == "inconclusive":
+            print("".join(f"    {reason}\n" for reason in verdict["reasons"]), end="")
     for note in summary["notes"]:
         print(f"  note: {note}")
 
@@ -95,16 +102,21 @@ def add_ablate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--controls", type=int, default=20, help="random control draws (default 20)")
     parser.add_argument("--control-kind", choices=("matched", "any-layer"), default="matched",
                         help="matched: same layers and counts (default); any-layer: same size anywhere")
-    parser.add_argument("--mode", choices=("zero", "mean"), default="zero")
-    parser.add_argument("--control-seed", type=seed_arg, default=123)
+    parser.add_argument("--mode", choices=PROBE_MODES + ("all",), default="zero",
+                        help=mode_help(PROBE_MODES) + "; all: every one of them, with whether the verdict "
+                        "is the same under each and the heads whose single-head conclusion flips")
+    parser.add_argument("--control-seed", type=seed_arg, default=123, help="control draws and resample's derangement")
     add_probe_spec_arguments(parser)
     add_backend_arguments(parser)
 
 
 def cli_ablate(args: argparse.Namespace) -> dict:
     ref = ModelRef.parse(args.model)
-    config = load_config(ref, resolve_checkpoint(ref, args.revision).revision)
+    checkpoint = resolve_checkpoint(ref, args.revision)
+    config = load_config(ref, checkpoint.revision)
     selection = parse_heads(args.heads, config.num_hidden_layers, config.num_attention_heads)
+    if args.mode == "all":
+        return _ablate_every_mode(ref, checkpoint.revision, config, selection, args)
     bar, progress = _progress_bar(f"ablate {ref.name}")
     try:
         settings = AblationSettings(n_controls=args.controls, controls=args.control_kind, mode=args.mode,
@@ -119,10 +131,32 @@ def cli_ablate(args: argparse.Namespace) -> dict:
     return {"summary": summary, "result": result.to_json()}
 
 
+def _ablate_every_mode(ref: ModelRef, revision: str, config, selection, args: argparse.Namespace) -> dict:
+    """`ablate --mode all`: the study under every probe mode, in this process (core/ablation/compare.py)."""
+    spec = probe_spec_from_args(args)
+    check_probe_fits(spec, config)
+    model = load_model(ref, revision, device=args.device, dtype=args.dtype)
+    settings = AblationSettings(n_controls=args.controls, controls=args.control_kind, seed=args.control_seed)
+    out = ablation_under_every_mode(model, spec.build(), selection, settings, device=args.device,
+                                    say=lambda text: print(f"... {text}"))
+    for mode in out["modes"]:
+        print(f"{mode:18s} " + "  ".join(f"{name}: {label}" for name, label in out["verdicts"][mode].items()))
+    print(f"verdict the same under every type: {'yes' if out['same_verdict'] else 'no'}"
+          + (f" (differs: {', '.join(out['verdict_flips'])})" if out["verdict_flips"] else ""))
+    print(f"heads alone (damage z of {out['headline_metric']}, |z| > {settings.z_threshold:g} significant):")
+    for head, by_mode in out["heads"].items():
+        cells = "  ".join(f"{mode} {entry['conclusion']}"
+                          + (f" ({entry['damage_z']:+.2f})" if entry["damage_z"] is not None else "")
+                          for mode, entry in by_mode.items())
+        print(f"  {head}{' FLIPS' if head in out['flipped_heads'] else ''}: {cells}")
+    summaries = {mode: summarize_ablation(result) for mode, result in out.pop("results").items()}
+    return {**out, "model": ref.name, "revision": revision, "summaries": summaries}
+
+
 def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="zoo name, local Hugging Face folder or hub name")
     parser.add_argument("--controls", type=int, default=20, help="matched-random draws (default 20)")
-    parser.add_argument("--mode", choices=("zero", "mean"), default="zero")
+    parser.add_argument("--mode", choices=PROBE_MODES, default="zero", help=mode_help(PROBE_MODES))
     parser.add_argument("--control-seed", type=seed_arg, default=123)
     add_probe_spec_arguments(parser)
     add_backend_arguments(parser)

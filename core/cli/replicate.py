@@ -18,7 +18,7 @@ from core.executor import Executor
 from core.model.memory import check_probe_batch_fits
 from core.cli.replicate_report import FigureWriter, ReplicationReport, claim_figures, write_report
 from core.pipelines.replicate import ReplicateSettings, run_claim
-from core.pipelines.replicate_claims import PRESETS, TARGETS, claims_of
+from core.pipelines.replicate_claims import ATTRIBUTION_VARIANTS, PRESETS, TARGETS, claims_of
 from core.stats.dynamics import DEFAULT_MARGIN
 from core.workspace import check_output_folder, reports_dir
 
@@ -32,20 +32,27 @@ def replicate(target: str, settings: ReplicateSettings = ReplicateSettings(), ou
     claims = claims_of(target)
     out = Path(out) if out is not None else reports_dir() / f"replicate-{target}-{settings.preset}"
     out.mkdir(parents=True, exist_ok=True)
-    ctx = settings.context(target, out, force=force, say=say, executor=executor)
+    variants = ATTRIBUTION_VARIANTS if target == "attribution" else ("mean",)  # one pass per [HHG] mean variant
+    contexts = [settings.context(target, out, force=force, say=say, executor=executor, ablation_mode=variant)
+                for variant in variants]
     started = time.perf_counter()
     results, bundles = [], {}
-    for claim in claims:
-        result, artifacts = run_claim(claim, ctx, force)
-        say(f"{claim.id}: {result.verdict}")
-        results.append(result)
-        bundles[claim.id] = claim_figures(claim.id, result.measured, artifacts)
+    for ctx in contexts:
+        for claim in claims:
+            result, artifacts = run_claim(claim, ctx, force)
+            say(f"{result.key}: {result.verdict}")
+            results.append(result)
+            bundles[result.key] = claim_figures(claim.id, result.measured, artifacts)
     writer = FigureWriter(out / "figures", formats)
     final = []
     for claim in results:
-        files = [f for bundle in bundles[claim.id] for f in writer.write(bundle, f"{claim.id}-{bundle.name}")]
+        files = [f for bundle in bundles[claim.key] for f in writer.write(bundle, f"{claim.key}-{bundle.name}")]
         final.append(replace(claim, figures=tuple(files)))
-    report = ReplicationReport(target, settings.preset, tuple(final), out, time.perf_counter() - started, ctx.settings(),
+    run_settings = contexts[0].settings()
+    if target == "attribution":
+        run_settings["attribution_variants"] = list(variants)
+        run_settings["attribution"].pop("ablation_mode")
+    report = ReplicationReport(target, settings.preset, tuple(final), out, time.perf_counter() - started, run_settings,
                                writer.note, tuple(writer.files))
     write_report(report, writer)
     return report
@@ -83,11 +90,12 @@ def cli_replicate(args: argparse.Namespace) -> dict:
                                  dtype=args.dtype)
     report = replicate(args.target, settings, args.out, formats, args.force, say=lambda text: print(f"... {text}"),
                        executor=executor_from_args(args))
-    width = max(len(c.id) for c in report.claims)
+    width = max(len(c.key) for c in report.claims)
     for c in report.claims:
-        print(f"{c.id:{width}s}  {c.verdict}")
+        print(f"{c.key:{width}s}  {c.verdict}")
     if report.figure_note:
         print(f"note: {report.figure_note}")
     print(f"report: {report.out / 'report.md'} (and report.html, report.json); {report.seconds:.1f} s")
     return {"target": report.target, "preset": report.preset, "out": str(report.out), "seconds": report.seconds,
-            "claims": [{"id": c.id, "verdict": c.verdict, "measured": c.measured_text} for c in report.claims]}
+            "claims": [{"id": c.id, "variant": c.variant, "verdict": c.verdict, "measured": c.measured_text}
+                       for c in report.claims]}

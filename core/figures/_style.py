@@ -20,6 +20,14 @@ SELECTIVITY_FLOOR = 1e-3  # log scale: selectivity below this is drawn at this v
 GRID_CELL_PX = 40  # one head's square in a pickable grid
 
 
+def short_tokens(tokens: float) -> str:
+    """A token count as researchers read it: 950, 12.3k, 4.1M, 2B (never 4.1e+06)."""
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if tokens >= scale:
+            return f"{tokens / scale:.3g}{unit}"
+    return f"{tokens:.0f}"
+
+
 def _log10(values: np.ndarray) -> np.ndarray:
     return np.log10(np.maximum(np.nan_to_num(np.asarray(values, dtype=np.float64), nan=SELECTIVITY_FLOOR),
                                SELECTIVITY_FLOOR))
@@ -40,8 +48,8 @@ def _log_ticks(lo: float, hi: float, marks: Iterable[float] = ()) -> tuple[list[
 def _grid_axes(fig: go.Figure, n_layers: int, n_heads: int, row: int | None = None, col: int | None = None) -> None:
     """Head grid axes: x = head, y = layer (layer 0 on top), fixed (a drag selects, it never pans).
 
-    The drag mode is left to Streamlit: a click selects a head (shift-click adds), and the chart's
-    toolbar switches to box or lasso selection.
+    The drag mode is left to Streamlit: a click picks a head, and the chart's toolbar switches to box or
+    lasso selection (how picks add up is the page's choice: Streamlit does not pass the shift key).
     """
     kw = {} if row is None else {"row": row, "col": col}
     fig.update_xaxes(title_text="head", tickmode="array", tickvals=list(range(n_heads)),

@@ -19,6 +19,7 @@ from core.figures.bundle import FigureBundle
 from core.figures.theme import CANDIDATE_COLOR, CONTROL_COLOR, PAPER_WIDTH, SCREEN, SELECTIVITY_SCALE, UPPER_BOUND_COLOR
 from core.heads import Head, head_name
 from core.results import provenance
+from core.stats.inference import format_z
 
 
 def head_grid(values: np.ndarray, selected: Iterable[Head], model: str, revision: str, title: str,
@@ -72,8 +73,8 @@ def head_grid(values: np.ndarray, selected: Iterable[Head], model: str, revision
     prov = provenance(figure="head_grid", model=model, revision=revision, value=value_label,
                       selected=[head_name(h) for h in sorted(selected)])
     return FigureBundle("ablation-head-grid", fig, rows, prov,
-                        "click a head (shift-click adds more), or pick Box / Lasso Select in the chart's toolbar "
-                        "and drag; outlined heads are selected.",
+                        "click a head to add it, click it again to remove it; Box / Lasso Select in the chart's "
+                        "toolbar adds every head you drag over; outlined heads are selected.",
                         (PAPER_WIDTH, max(220, 60 * n_layers + 100)))
 
 
@@ -85,8 +86,8 @@ def ablation_strip(result: Any, model: str, revision: str, metrics: Sequence[str
     metrics = [m for m in (metrics or result.stats.keys()) if m in result.stats]
     titles = []
     for m in metrics:
-        z = result.stats[m].get("z")
-        titles.append(f"{m}: z = {z:+.3g}" if z is not None else m)
+        z, ranked = result.stats[m].get("z"), result.stats[m].get("rank") is not None  # no rank: a running preview
+        titles.append(f"{m}: z = {format_z(z)}" if ranked else m)
     fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=titles, horizontal_spacing=0.08)
     rng = np.random.RandomState(0)  # fixed jitter: the same picture every time
     rows = []

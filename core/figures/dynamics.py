@@ -16,7 +16,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from core.figures._style import SELECTIVITY_FLOOR, _legend_on_top
+from core.figures._style import SELECTIVITY_FLOOR, _legend_on_top, short_tokens
 from core.figures.bundle import FigureBundle
 from core.figures.theme import CANDIDATE_COLOR, CONTROL_COLOR, LAYER_COLORS, PAPER_WIDTH, SCREEN
 from core.heads import Head, head_name
@@ -36,15 +36,6 @@ def _head_color(i: int) -> str:
 
 def _positive(tokens: Sequence[float]) -> np.ndarray:
     return np.asarray(tokens, dtype=np.float64) > 0
-
-
-def _fmt_tokens(tokens: Optional[float]) -> str:
-    if tokens is None:
-        return "never"
-    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if tokens >= scale:
-            return f"{tokens / scale:.3g}{unit}"
-    return f"{tokens:.0f}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,7 +257,7 @@ def form_function_figure(ff: FormFunction, metric: str = "target_logit") -> Figu
         fig.add_trace(go.Scatter(
             x=x[idx].tolist(), y=[None if not np.isfinite(y[i]) else float(y[i]) for i in idx], mode="markers",
             name=f"{label} ({len(idx)})", marker=dict(size=10, color=LABEL_COLORS[label], line=dict(width=1, color="#333")),
-            customdata=[[ff.revisions[i], _fmt_tokens(tokens[i])] for i in idx],
+            customdata=[[ff.revisions[i], short_tokens(tokens[i])] for i in idx],
             hovertemplate="%{customdata[0]} (%{customdata[1]} tokens)<br>selectivity %{x:.3g}x<br>z %{y:+.2f}<extra></extra>"))
     fig.add_vline(x=ff.induction_threshold, line_dash="dash", line_color="#444", line_width=1)
     fig.add_hline(y=sign * Z_THRESHOLD, line_dash="dot", line_color="#444", line_width=1)

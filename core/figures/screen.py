@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 
 from core.errors import HeadLabError
 from core.figures._style import (SELECTIVITY_FLOOR, _grid_axes, _grid_height, _hline_log, _legend_on_top, _log10,
-                                 _log_ticks, picker_trace)
+                                 _log_ticks, picker_trace, short_tokens)
 from core.figures.bundle import FigureBundle
 from core.figures.theme import CLASS_COLORS, CLASS_SHORT, LAYER_COLORS, SCREEN, SELECTIVITY_SCALE
 from core.heads import head_name
@@ -104,7 +104,7 @@ def selectivity_heatmap(sel: np.ndarray, pattern: str, model: str, probe_spec: d
                                      marker=dict(symbol="x-thin", size=8, color="#bbbbbb", line=dict(width=1.5, color="#bbbbbb"))))
     hover = np.vectorize(lambda v: f"{v:.3g}x")(sel)
     fig.add_trace(picker_trace(n_layers, n_heads, hover))
-    when = f"{revision}" + (f", {tokens:.3g} tokens" if tokens and tokens > 0 else "")
+    when = f"{revision}" + (f", {short_tokens(tokens)} tokens" if tokens and tokens > 0 else "")
     fig.update_layout(template=SCREEN, title=f"{pattern} selectivity at {when}", height=_grid_height(n_layers, 380))
     _legend_on_top(fig)
     _grid_axes(fig, n_layers, n_heads)

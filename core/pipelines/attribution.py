@@ -11,7 +11,7 @@ or sorting, every component (each attention head, each MLP) gets
 and the two are compared by rank: Spearman rho, rank differences d = rank_G - rank_C, classes
 (d >= 6 "bloat": large gradient, small effect; d <= -6 "hero": small gradient, large effect),
 joint ablation of all bloats / all heroes with two superadditivity ratios, and a summary over seeds.
-Preset runs store one JSON per model under reports/attribution (`run_preset`); `stored_summaries`
+Preset runs store one JSON per model under reports/attribution/<ablation mode> (`run_preset`); `stored_summaries`
 regroups them (per task and settings) for the app's seed-level figures (core/figures/attribution.py).
 The measures are in core/pipelines/attribution_measures.py, the statistics and result types (no
 model) in core/pipelines/attribution_results.py; this module runs them on a model and a preset.
@@ -47,6 +47,7 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
+from core.ablation.spec import MODE_HELP, mode_label
 from core.errors import HeadLabError
 from core.executor import Executor, Task, tqdm_progress
 from core.model.loading import DEFAULT_DTYPE, dtype_name, load_hf_model, load_model
@@ -107,8 +108,7 @@ def analyze_model(
         "gradient_batches": f"{settings.n_batches} batches of {settings.batch_size} at length {length}, generator seeded from (seed, 1)",
         "evaluation": f"{settings.n_examples} examples make_sequence_batch(task, {length}, n, seed={settings.seed}), greedy "
                       "exact match (computed in one teacher-forced pass, identical for a causal model)",
-        "ablation_site": "heads: blocks.{l}.attn.hook_z slice; MLPs: the MLP output hook; every position",
-        "mean_ablation": "per-position mean over the evaluation sequences (teacher-forced clean run)",
+        "ablation": ablation_provenance(settings.ablation_mode),
     }
 
     def joint_damage(members: Sequence[str]) -> float:
@@ -159,11 +159,27 @@ def analyze_ref(ref: Any, settings: AttributionSettings, revision: str | None = 
 # ----------------------------------------------------------------------------------------------
 
 
+def ablation_provenance(mode: str) -> dict:
+    """What a result's provenance says about its ablation: the mode, what it writes, and where."""
+    site = ("heads: the d_head columns of the attention output after W_O (blocks.{l}.attn.hook_out)"
+            if mode == "reference-slice" else "heads: blocks.{l}.attn.hook_z (before W_O)")
+    return {"mode": mode_label(mode), "replacement": MODE_HELP[mode], "site": site + "; MLPs: the MLP output hook; every position",
+            "statistics": "the evaluation sequences' teacher-forced clean run"}
+
+
 def attribution_dir() -> Path:
-    """Where per-model results of preset runs are kept: reports_dir()/attribution/."""
+    """Where per-model results of preset runs are kept: reports_dir()/attribution/<ablation mode>/."""
     path = reports_dir() / "attribution"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def result_paths(name: str, settings: AttributionSettings) -> tuple[Path, Path]:
+    """(result, skip record) of model `name` under `settings`: one folder per ablation mode, so the
+    variants' results sit side by side. (Files directly in attribution_dir() are from before "mean"
+    meant one mean over all positions, issue 18; nothing reads them.)"""
+    folder = attribution_dir() / settings.ablation_mode
+    return folder / f"{name}.json", folder / f"{name}.skipped.json"
 
 
 def _record_dtype(data: dict) -> str:
@@ -188,8 +204,8 @@ def _stored(path: Path, settings: AttributionSettings, revision: str, dtype: str
 def stored_result(name: str, settings: AttributionSettings, revision: str,
                   dtype: str = DEFAULT_DTYPE) -> AttributionResult | None:
     """The stored result of model `name` at `revision` made with `settings` in `dtype` (a preset
-    run's attribution_dir()/<name>.json), else None."""
-    data = _stored(attribution_dir() / f"{name}.json", settings, revision, dtype)
+    run's result_paths), else None."""
+    data = _stored(result_paths(name, settings)[0], settings, revision, dtype)
     return None if data is None else AttributionResult.from_json(data)
 
 
@@ -203,7 +219,7 @@ def stored_summaries(task: str | None = None, folder: Path | None = None) -> lis
     folder = attribution_dir() if folder is None else Path(folder)
     groups: dict[tuple, list[AttributionResult]] = {}
     skipped: dict[AttributionSettings, list[tuple[str, str]]] = {}
-    for path in sorted(folder.glob("*.json")):
+    for path in sorted(folder.glob("*/*.json")):  # <ablation mode>/<model>.json
         if path.name.startswith("summary-"):
             continue
         try:
@@ -260,10 +276,9 @@ def attribution_model_task(name: str, settings: AttributionSettings, revision: s
                            progress: ProgressFn | None = None) -> tuple[str, str]:
     """One model of a preset analysed and stored (an executor task): ("result", path) or ("skipped", reason).
 
-    The result goes to attribution_dir()/<name>.json atomically, a model the OOD band skips to
-    <name>.skipped.json, so a rerun reuses it."""
-    folder = attribution_dir()
-    path, skip_path = folder / f"{name}.json", folder / f"{name}.skipped.json"
+    The result goes to its result_paths atomically (a model the OOD band skips: its skip record), so
+    a rerun reuses it."""
+    path, skip_path = result_paths(name, settings)
     try:
         result = analyze_ref(ModelRef(name, "zoo"), settings, revision, device=device, progress=progress, dtype=dtype)
     except NoOODLengthError as exc:
@@ -292,14 +307,14 @@ def run_preset(preset: str, settings: AttributionSettings, device: str = "cpu", 
     ready = [n for n in names if status[n][0] is not None]
     if not ready:
         raise HeadLabError(f"none of the {preset} preset's {settings.task} models is trained; run python -m core zoo --preset {preset} first.")
-    folder = attribution_dir()
     outcome: dict[str, tuple[str, str]] = {}  # name -> ("result", path) | ("skipped", reason)
     for name in ready:
         revision = status[name][0]
-        stored = None if force else _stored(folder / f"{name}.json", settings, revision, dtype)
-        stored_skip = None if force or stored is not None else _stored(folder / f"{name}.skipped.json", settings, revision, dtype)
+        path, skip_path = result_paths(name, settings)
+        stored = None if force else _stored(path, settings, revision, dtype)
+        stored_skip = None if force or stored is not None else _stored(skip_path, settings, revision, dtype)
         if stored is not None:
-            outcome[name] = ("result", str(folder / f"{name}.json"))
+            outcome[name] = ("result", str(path))
         elif stored_skip is not None:
             outcome[name] = ("skipped", stored_skip["reason"])
     todo = [name for name in ready if name not in outcome]
@@ -330,7 +345,7 @@ def run_preset(preset: str, settings: AttributionSettings, device: str = "cpu", 
         reasons = "; ".join(f"{n}: {why}" for n, why in skipped)
         raise HeadLabError(f"no {settings.task} model of the {preset} preset could be analysed ({reasons}); see the reasons and retrain or pass --ood-length.")
     summary = summarize(results, skipped)
-    summary_path = folder / f"summary-{preset}-{settings.task}.json"
+    summary_path = attribution_dir() / settings.ablation_mode / f"summary-{preset}-{settings.task}.json"
     atomic_write_json(summary_path, summary.to_json())
     paths["summary"] = summary_path
     return summary, paths

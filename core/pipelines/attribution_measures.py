@@ -16,12 +16,12 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from core.ablation.engine import ablated_logits_fn, compute_means
-from core.ablation.spec import Ablation
+from core.ablation.engine import ablated_logits_fn
+from core.ablation.replacements import compute_replacements
+from core.ablation.spec import SEQUENCE_MODES, Ablation
 from core.errors import HeadLabError
 from core.heads import HeadSet
 from core.pipelines.attribution_results import (
-    ABLATION_MODES,
     GRADIENT_VARIANTS,
     check_ood_length,
     component_name,
@@ -351,24 +351,25 @@ class AccuracyUnderAblation:
     """Greedy exact-match accuracy of a bridge at one length, clean and with components ablated.
 
     The scored examples are make_sequence_batch(task, length, n_examples, seed) for every condition;
-    mean-ablation means are per-position means over those same examples' full clean sequences.
+    the replacement statistics (means: over examples and positions for "mean" and "reference-slice",
+    per position for "mean-per-position") come from those same examples' full clean sequences.
     """
 
     def __init__(self, model: Any, task: str, length: int, n_examples: int, seed: int, mode: str = "mean", components: Sequence[str] = ()):
-        if mode not in ABLATION_MODES:
-            raise HeadLabError(f"ablation mode {mode!r} is unknown; use 'mean' or 'zero'.")
+        if mode not in SEQUENCE_MODES:
+            raise HeadLabError(f"ablation mode {mode!r} is unknown; use one of {', '.join(SEQUENCE_MODES)}.")
         if not hasattr(model, "run_with_hooks"):
             raise HeadLabError("causal importance runs through the ablation engine; load the model with core.model.loading.load_model.")
         self.model, self.task, self.length = model, check_task(task), int(length)
         self.n_examples, self.seed, self.mode = int(n_examples), int(seed), mode
-        self.means = None
-        if mode == "mean" and components:
+        self.replacements = None
+        if mode != "zero" and components:
             tokens, _ = make_sequence_batch(task, self.length, self.n_examples, self.seed)  # [example, 2n+3]
-            self.means = compute_means(model, tokens, _ablation_of(components, "mean"), batch_size=256)
+            self.replacements = compute_replacements(model, tokens, _ablation_of(components, mode), batch_size=256)
         self.clean = self.accuracy(())
 
     def accuracy(self, components: Sequence[str]) -> float:
-        fn = ablated_logits_fn(self.model, _ablation_of(components, self.mode), self.means)
+        fn = ablated_logits_fn(self.model, _ablation_of(components, self.mode), self.replacements)
         return float(greedy_exact_match_per_example(fn, self.task, self.length, self.n_examples, self.seed).double().mean())
 
     def damage(self, components: Sequence[str]) -> float:

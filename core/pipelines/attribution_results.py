@@ -20,13 +20,13 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from scipy.stats import rankdata, spearmanr
 
+from core.ablation.spec import SEQUENCE_MODES
 from core.errors import HeadLabError
 from core.results import JsonResult
 from core.tasks.sequences import MAX_SEQUENCE_LENGTH, OOD_LENGTHS, TRAIN_LENGTHS, check_task
 
 GRADIENT_VARIANTS = ("paper", "reference")
 CLASS_RULES = ("paper", "reference")
-ABLATION_MODES = ("mean", "zero")
 CLASSES = ("hero", "aligned", "bloat")
 DEFAULT_THRESHOLD = 6.0
 _COMPONENT = re.compile(r"^L(\d+)(?:H(\d+)|MLP)$", re.IGNORECASE)
@@ -165,8 +165,8 @@ class AttributionSettings(JsonResult):
         object.__setattr__(self, "threshold", float(self.threshold))
         if self.gradient_variant not in GRADIENT_VARIANTS:
             raise HeadLabError(f"gradient variant {self.gradient_variant!r} is unknown; use 'paper' or 'reference'.")
-        if self.ablation_mode not in ABLATION_MODES:
-            raise HeadLabError(f"ablation mode {self.ablation_mode!r} is unknown; use 'mean' or 'zero'.")
+        if self.ablation_mode not in SEQUENCE_MODES:
+            raise HeadLabError(f"ablation mode {self.ablation_mode!r} is unknown; use one of {', '.join(SEQUENCE_MODES)}.")
         if self.rule not in CLASS_RULES:
             raise HeadLabError(f"classification rule {self.rule!r} is unknown; use 'paper' or 'reference'.")
         if min(int(self.n_batches), int(self.batch_size), int(self.n_examples)) < 1:

@@ -3,8 +3,8 @@
 METHODS.md, "Step 3 and closure". One ablation run per control kind (same-layer "matched" and
 "any-layer"), every metric, both closure rules ("paper" and "reference"); with a stratum mask the
 same run is also judged on and off the stratum (deltas within the split, as the reference's
-route-conditioned closure test computes them). A kind with a single possible control set is
-"inconclusive": its control spread is zero by construction. Used by the co-activation pipeline
+route-conditioned closure test computes them). A kind with too few possible control sets, or controls
+that do not vary, is "inconclusive" (core.stats.inference.closure_verdict). Used by the co-activation pipeline
 and the Co-activation page.
 """
 
@@ -25,7 +25,6 @@ from core.stats.inference import METRICS, Verdict, closure_verdict
 DEFAULT_N_CONTROLS = 5         # reference closure test: 5 random controls per kind
 DEFAULT_CONTROL_SEED = 123     # reference matched-random RandomState(123)
 CLOSURE_KINDS = ("matched", "any-layer")
-MIN_CONTROLS = 2               # with one control the spread is 0 by construction: the verdict is "inconclusive"
 SPLITS = ("all", "on", "off")  # all examples; on / off the stratum (route-conditional only)
 CLOSURE_ABLATION = AblationSettings(n_controls=DEFAULT_N_CONTROLS, seed=DEFAULT_CONTROL_SEED, include_upper_bound=True)
 
@@ -68,10 +67,6 @@ def split_closure(result: AblationResult, index: Any = None, split: str = "all",
     cand_d = {m: stats[m]["candidate_delta"] for m in METRICS}
     ctrl_d = {m: stats[m]["control_deltas"] for m in METRICS}
     verdicts = {rule: closure_verdict(cand_d, ctrl_d, rule, headline, z_threshold) for rule in ("paper", "reference")}
-    if len(controls) < MIN_CONTROLS:
-        why = (f"only {len(controls)} control could be drawn, so the control spread is zero by construction and z "
-               "means nothing; pick a smaller community or a model with more heads.")
-        verdicts = {rule: Verdict("inconclusive", v.rule, (why,) + v.reasons, v.z) for rule, v in verdicts.items()}
     return ClosureSplit(kind=result.control_sets.kind, split=split, n_examples=int(idx.size), stats=stats,
                         verdicts=verdicts)
 

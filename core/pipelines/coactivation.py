@@ -41,7 +41,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from core.ablation.spec import MODES
+from core.ablation.spec import PROBE_MODES
 from core.ablation.study import AblationSettings
 from core.errors import HeadLabError
 from core.heads import Head, HeadSet, head_name
@@ -244,8 +244,8 @@ class CoactivationSettings(JsonResult):
             raise HeadLabError(f"z_threshold = {self.z_threshold}; use a positive number (reference 1.8).")
         if self.partition not in PARTITIONS:
             raise HeadLabError(f"partition {self.partition!r} is unknown; use one of {', '.join(PARTITIONS)}.")
-        if self.mode not in MODES:
-            raise HeadLabError(f"ablation mode {self.mode!r} is unknown; use one of {', '.join(MODES)}.")
+        if self.mode not in PROBE_MODES:
+            raise HeadLabError(f"ablation mode {self.mode!r} is not one of a probe's; use one of {', '.join(PROBE_MODES)}.")
         if self.headline not in ("logit", "loss"):
             raise HeadLabError(f"headline {self.headline!r} is unknown; use 'logit' or 'loss'.")
 

@@ -25,7 +25,7 @@ import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -34,7 +34,7 @@ from core.errors import HeadLabError
 from core.executor import Executor
 from core.heads import Head, HeadSet, parse_heads
 from core.model.loading import DEFAULT_DTYPE, dtype_name, load_config, load_model
-from core.model.refs import list_checkpoints, read_manifest
+from core.model.refs import list_checkpoints, list_zoo, read_manifest
 from core.pipelines.recipe import scaled_induction_threshold, screen_checkpoint
 from core.pipelines.sweep import SweepItem, probe_sweep
 from core.probe import check_probe_fits, head_stats
@@ -325,9 +325,45 @@ def data_shift_jaccard(base: Trajectories, shifted: Trajectories) -> DataShift:
 def continued_from(name: str) -> Optional[str]:
     """The zoo model `name` was continued from (its manifest's train.init_from), else None."""
     try:
-        return (read_manifest(name).get("config", {}).get("train", {}) or {}).get("init_from")
+        return _init_from(read_manifest(name))
     except HeadLabError:
         return None
+
+
+def _init_from(manifest: dict) -> Optional[str]:
+    return ((manifest.get("config") or {}).get("train") or {}).get("init_from")
+
+
+def _architecture(manifest: dict) -> tuple:
+    """What makes two zoo models the same network: the family and every set value of the model config."""
+    model = (manifest.get("config") or {}).get("model") or {}
+    return manifest.get("family"), tuple(sorted((k, json.dumps(v)) for k, v in model.items() if v is not None))
+
+
+def zoo_manifests() -> dict[str, dict]:
+    """Every readable zoo manifest, by model name (an unreadable one is left out)."""
+    out = {}
+    for name in list_zoo():
+        try:
+            out[name] = read_manifest(name)
+        except HeadLabError:
+            continue
+    return out
+
+
+def seed_peers(name: str, manifests: Mapping[str, dict]) -> list[str]:
+    """Other seeds of zoo model `name`: the same task and architecture, trained from scratch (no init_from)."""
+    own = manifests.get(name)
+    if own is None:
+        return []
+    key = (own.get("task"), _architecture(own))
+    return sorted(m for m, manifest in manifests.items()
+                  if m != name and _init_from(manifest) is None and (manifest.get("task"), _architecture(manifest)) == key)
+
+
+def continuations(name: str, manifests: Mapping[str, dict]) -> list[str]:
+    """The zoo models trained on from `name`'s weights (their train.init_from), e.g. on other data."""
+    return sorted(m for m, manifest in manifests.items() if _init_from(manifest) == name)
 
 
 # ---------------------------------------------------------------------------------------------

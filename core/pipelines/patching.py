@@ -2,7 +2,8 @@
 and, when asked, a group of heads against random controls and a path between heads.
 
 `run_patching` works on a loaded model and a PatchPair; `patch_model` loads a checkpoint first and
-builds the pairs from their spec (the induction probe's counterfactual). What to run besides the
+builds the pairs from their spec (the induction probe's counterfactual, or a probe file tokenized
+with the model's own tokenizer). What to run besides the
 per-head scan is one frozen `PatchPlan`; how to patch is core.ablation.patching.PatchSettings.
 """
 
@@ -18,12 +19,14 @@ from core.ablation.patching import (GroupPatching, HeadAttribution, HeadPatching
 from core.ablation.patching.runs import GRADIENT_METRICS
 from core.errors import HeadLabError
 from core.heads import HeadSet
+from core.model.hooks import model_context_length
 from core.model.loading import DEFAULT_DTYPE, load_config, load_model
-from core.model.refs import ModelRef, resolve_checkpoint
+from core.model.refs import Checkpoint, ModelRef, resolve_checkpoint
 from core.pipelines.attribution_results import spearman
 from core.probe import check_probe_fits
 from core.results import JsonResult
 from core.tasks.counterfactual import InductionCounterfactualSpec, PatchPair
+from core.tasks.probe_file import ProbeFile
 
 # progress(stage, done, total): stage is "activation", "attribution", "group" or "path"
 StageProgress = Callable[[str, int, int], None]
@@ -102,18 +105,38 @@ def run_patching(model: Any, pair: PatchPair, settings: PatchSettings = PatchSet
         start = time.perf_counter()
         path = path_patching(model, pair, plan.senders, plan.receivers, plan.components, settings, stage("path"))
         seconds["path"] = time.perf_counter() - start
+    notes += list(pair.spec.get("notes", ()))  # e.g. a probe file's targets of several tokens
     return PatchingReport(str(getattr(model.cfg, "model_name", "")), None, settings, plan, activation, attribution, rho,
                           rho_p, group, path, seconds, tuple(notes), dict(activation.provenance))
 
 
-def patch_model(ref: ModelRef, revision: Optional[str], pairs: InductionCounterfactualSpec,
+def build_pairs(model: Any, pairs: InductionCounterfactualSpec | ProbeFile) -> PatchPair:
+    """The pairs on a loaded model: a probe file is tokenized with the model's own tokenizer."""
+    if isinstance(pairs, ProbeFile):
+        return pairs.build(model.tokenizer, model_context_length(model))
+    return pairs.build()
+
+
+def patch_model(ref: ModelRef, revision: Optional[str], pairs: InductionCounterfactualSpec | ProbeFile,
                 settings: PatchSettings = PatchSettings(), plan: PatchPlan = PatchPlan(), device: str = "cpu",
                 dtype: str = DEFAULT_DTYPE, progress: Optional[StageProgress] = None) -> PatchingReport:
-    """Load one checkpoint (default: the last), build the pairs, run `run_patching`; the report names the checkpoint."""
+    """Load one checkpoint (default: the last), build the pairs, run `run_patching`; the report names the checkpoint.
+
+    pairs: the built-in induction counterfactual, or a probe file (core.tasks.probe_file).
+    """
     checkpoint = resolve_checkpoint(ref, revision)
-    check_probe_fits(pairs, load_config(ref, checkpoint.revision))
+    if not isinstance(pairs, ProbeFile):  # a probe file's lengths are known once tokenized
+        check_probe_fits(pairs, load_config(ref, checkpoint.revision))
     model = load_model(ref, checkpoint.revision, device=device, dtype=dtype)
-    report = run_patching(model, pairs.build(), settings, plan, progress)
-    report.provenance.update({"model": ref.name, "revision": checkpoint.revision, "tokens": checkpoint.tokens,
+    return patch_loaded(model, ref.name, checkpoint, pairs, settings, plan, progress)
+
+
+def patch_loaded(model: Any, name: str, checkpoint: Checkpoint, pairs: InductionCounterfactualSpec | ProbeFile,
+                 settings: PatchSettings = PatchSettings(), plan: PatchPlan = PatchPlan(),
+                 progress: Optional[StageProgress] = None) -> PatchingReport:
+    """`run_patching` on a loaded checkpoint (the app keeps models loaded), the pairs built for it; the report
+    names the model and checkpoint."""
+    report = run_patching(model, build_pairs(model, pairs), settings, plan, progress)
+    report.provenance.update({"model": name, "revision": checkpoint.revision, "tokens": checkpoint.tokens,
                               "pair_spec": pairs.to_json()})
-    return replace(report, model=ref.name, revision=checkpoint.revision)
+    return replace(report, model=name, revision=checkpoint.revision)

@@ -42,7 +42,8 @@ from core.tasks.specs import probe_spec
 from core.workspace import atomic_write_json
 from core.zoo.presets import preset_models
 
-MEASUREMENT_VERSION = "replicate-1"  # bump when what a measurement holds changes: stored ones then miss
+MEASUREMENT_VERSION = "replicate-2"  # bump when what a measurement holds changes: stored ones then miss
+# replicate-2: "mean" ablation became one mean over examples and positions (issue 18)
 
 
 class NotRun(Exception):
@@ -77,12 +78,14 @@ class ReplicateSettings:
             raise HeadLabError(f"the PR-rise margin must be positive, got {self.margin}.")
 
     def context(self, target: str, out: Path, force: bool = False, say: Callable[[str], None] = print,
-                executor: Optional[Executor] = None) -> "Context":
+                executor: Optional[Executor] = None, ablation_mode: str = "mean") -> "Context":
         """The run context of `target` with these settings, its measurements stored under `out`; executor:
-        where the probe passes over checkpoints run (results do not depend on it, so it is not a setting)."""
+        where the probe passes over checkpoints run (results do not depend on it, so it is not a setting);
+        ablation_mode: the attribution target's mean-ablation variant."""
         spec = probe_spec("induction", self.n_examples, self.seq_len, self.probe_seed)
         return Context(target, self.preset, out, spec, self.n_controls, self.closure_controls, self.control_seed,
-                       self.margin, device=self.device, dtype=self.dtype, say=say, force=force, executor=executor)
+                       self.margin, device=self.device, dtype=self.dtype, say=say, force=force, executor=executor,
+                       ablation_mode=ablation_mode)
 
 
 @dataclass
@@ -112,6 +115,7 @@ class Context:
     force: bool = False  # measure again instead of reusing stored cells, models and claims
     memo: dict = field(default_factory=dict)
     executor: Optional[Executor] = None  # where probe passes over checkpoints run (None: here, one by one)
+    ablation_mode: str = "mean"  # attribution target: the mean-ablation variant of this pass (ATTRIBUTION_VARIANTS)
 
     def settings(self) -> dict:
         out = {"preset": self.preset, "probe_spec": dict(self.spec.to_json()), "n_controls": self.n_controls,
@@ -125,7 +129,7 @@ class Context:
         if self.target == "closure":
             out["closure_controls"] = self.closure_controls
         if self.target == "attribution":
-            out["attribution"] = {k: v for k, v in AttributionSettings(task="reverse").to_json().items() if k != "task"}
+            out["attribution"] = {k: v for k, v in self.attribution_settings("reverse").to_json().items() if k != "task"}
         return out
 
     def ref(self, name: str):
@@ -148,11 +152,19 @@ class Context:
 
         return self.memoised(("recipe", name), compute)
 
+    @property
+    def variant(self) -> str:
+        """The attribution target's mean-ablation variant; "" for the targets measured one way."""
+        return self.ablation_mode if self.target == "attribution" else ""
+
+    def attribution_settings(self, task: str) -> AttributionSettings:
+        return AttributionSettings(task=task, ablation_mode=self.ablation_mode)
+
     def attribution(self, task: str):
         """(AttributionSummary, [AttributionResult]) of the preset's models for `task` (resumable per model)."""
         def compute():
-            self.say(f"attribution on the {self.preset} {task} models")
-            summary, paths = run_preset(self.preset, AttributionSettings(task=task), self.device, progress=False,
+            self.say(f"attribution on the {self.preset} {task} models ({self.ablation_mode} ablation)")
+            summary, paths = run_preset(self.preset, self.attribution_settings(task), self.device, progress=False,
                                         force=self.force, dtype=self.dtype, executor=self.executor)
             results = [AttributionResult.from_json(json.loads(Path(p).read_text()))
                        for name, p in paths.items() if name != "summary"]
@@ -508,8 +520,8 @@ RUNNERS: dict[str, Callable[[Context, list[str]], Measurement]] = {
 # running claims, resumably
 
 
-def _store_path(out: Path, claim_id: str) -> Path:
-    return out / "measurements" / f"{claim_id}.json"
+def _store_path(ctx: Context, claim_id: str) -> Path:
+    return ctx.out / "measurements" / ctx.variant / f"{claim_id}.json"  # one per variant ("" adds no folder)
 
 
 def _load_stored(path: Path, settings: dict) -> Optional[dict]:
@@ -525,6 +537,7 @@ def _load_stored(path: Path, settings: dict) -> Optional[dict]:
 def run_claim(claim: Claim, ctx: Context, force: bool = False) -> tuple[Claim, dict]:
     """Measure (or reuse) one claim and judge it; returns the claim with its result and the measurement's
     artifacts (what its figures are drawn from; {} when nothing was measured)."""
+    claim = replace(claim, variant=ctx.variant)
     if not claim.testable_on(ctx.preset):
         verdict = NEEDS_PAPER if ctx.preset != "paper" else f"{NOT_RUN}: the paper preset has no models for it"
         return replace(claim, verdict=verdict, measured=None, measured_text=verdict), {}
@@ -533,7 +546,7 @@ def run_claim(claim: Claim, ctx: Context, force: bool = False) -> tuple[Claim, d
     try:
         _require_trained(names, ctx.preset)
         settings = {**ctx.settings(), "version": MEASUREMENT_VERSION, "models": [model_key(n) for n in names]}
-        path = _store_path(ctx.out, claim.id)
+        path = _store_path(ctx, claim.id)
         stored = None if (force or ctx.force) else _load_stored(path, settings)
         if stored is not None:
             measurement = Measurement(stored["measured"], stored["artifacts"], tuple(stored["models"]),

@@ -25,6 +25,10 @@ from core.zoo.evaluate import INDUCTION_LOSS_TARGET
 from core.zoo.presets import ZOO_PRESETS, preset_models
 
 TARGETS = ("spectral", "closure", "attribution")
+# The [HHG] claims are measured under each mean-ablation variant, side by side (issue 18): the paper's one
+# mean over examples and positions, HeadLab's earlier per-position mean, and the reference code's post-W_O
+# slice overwrite (not a head ablation; it reproduces the published numbers).
+ATTRIBUTION_VARIANTS = ("mean", "mean-per-position", "reference-slice")
 PRESETS = ("quick", "paper")
 HELD = "held"
 NOT_HELD = "did not hold"
@@ -112,6 +116,12 @@ class Claim:
     notes: tuple[str, ...] = ()
     seconds: Optional[float] = None
     reused: bool = False
+    variant: str = ""  # the [HHG] mean-ablation variant it was measured under ("" where a target has one setting)
+
+    @property
+    def key(self) -> str:
+        """Its id with the variant it was measured under: unique within a report, and names its figures."""
+        return f"{self.id}-{self.variant}" if self.variant else self.id
 
     def testable_on(self, preset: str) -> bool:
         return self.testable(preset) if self.testable is not None else bool(self.uses(preset))
@@ -127,7 +137,7 @@ class Claim:
                 "criterion": self.criterion_text, "published": self.published, "verdict": self.verdict,
                 "measured": self.measured, "measured_text": self.measured_text, "models": list(self.models),
                 "seeds": self.seeds, "settings": self.settings, "figures": list(self.figures), "notes": list(self.notes),
-                "seconds": self.seconds, "reused": self.reused}
+                "seconds": self.seconds, "reused": self.reused, "variant": self.variant}
 
     @classmethod
     def from_json(cls, data: dict) -> "Claim":
@@ -138,7 +148,8 @@ class Claim:
                        measured_text=data.get("measured_text", ""), models=tuple(data.get("models", ())),
                        seeds=dict(data.get("seeds", {})), settings=dict(data.get("settings", {})),
                        figures=tuple(data.get("figures", ())), notes=tuple(data.get("notes", ())),
-                       seconds=data.get("seconds"), reused=bool(data.get("reused", False)))
+                       seconds=data.get("seconds"), reused=bool(data.get("reused", False)),
+                       variant=str(data.get("variant", "")))
 
 
 def _num(value: Any, fmt: str = ".3g") -> str:

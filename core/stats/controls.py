@@ -67,6 +67,8 @@ def count_any_layer_sets(selection: HeadSet, n_layers: int, n_heads: int) -> int
 
 
 def _draws_note(kind: str, n_possible: int, n_draws: int) -> str:
+    if n_possible == 1:
+        return f"only 1 distinct {kind} control set exists for this selection; it is used instead of the {n_draws} requested."
     return (
         f"only {n_possible} distinct {kind} control sets exist for this selection; "
         f"all {n_possible} are used instead of the {n_draws} requested."

@@ -117,7 +117,8 @@ class Identification:
     jaccards: [checkpoint] Jaccard(circuit at t, final circuit). first: the earliest t with
     Jaccard 1; stable: the earliest t from which every later checkpoint also has Jaccard 1.
     Fractions are tokens[t] / tokens[-1]. None when the final circuit is never matched earlier
-    (the final checkpoint always matches itself).
+    (the final checkpoint always matches itself), and when the final circuit is empty: no circuit
+    formed, so there is nothing to identify (an empty set "matching" from 0 tokens is no finding).
     """
 
     tokens: tuple[float, ...]
@@ -159,11 +160,11 @@ def earliest_identifying_checkpoint(tokens: Any, circuits: Sequence[Iterable[Hea
         raise HeadLabError("checkpoint token counts must be sorted by training tokens; sort the checkpoints first.")
     reference = sets[-1] if final is None else HeadSet(tuple(final))
     jac = np.array([jaccard(s, reference) for s in sets])  # [checkpoint]
-    equal = jac >= 1.0
+    equal = (jac >= 1.0) & (len(reference) > 0)  # [checkpoint]; no final circuit: nothing is identified
     first = _mark(tok, equal)
     # stable: the first index after the last mismatch, if that index exists
     mismatches = np.flatnonzero(~equal)
-    start = 0 if mismatches.size == 0 else int(mismatches[-1]) + 1
+    start = 0 if mismatches.size == 0 else int(mismatches[-1]) + 1  # no circuit: every checkpoint mismatches
     stable = Mark(start, float(tok[start])) if start < tok.size else Mark(None, None)
     total = float(tok[-1])
 

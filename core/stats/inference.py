@@ -31,7 +31,10 @@ METRIC_ALIASES = {
     "mean_logit_B": "target_logit",
     "logit": "target_logit",
 }
-STD_FLOOR = 1e-9  # reference: a zero control spread is floored at 1e-9
+# A control spread below this fraction of the deltas' scale is rounding, not variation: z is undefined there.
+# (The reference floors a zero spread at 1e-9 and prints z ~ 1e9; such a z measures the floor, not the candidate.)
+SPREAD_FLOOR = 1e-6
+MIN_CLOSURE_CONTROLS = 3  # distinct control sets a closure verdict needs: a z from one or two says nothing
 
 
 def canonical_metric(metric: str) -> str:
@@ -58,12 +61,27 @@ def _canonical_dict(values: dict) -> dict:
 # ----------------------------------------------------------------------------------------------
 
 
-def z_score(candidate_delta: float, control_deltas: Sequence[float]) -> float:
-    """(candidate - mean(controls)) / population std(controls), the std floored at 1e-9."""
+def degenerate_spread(control_deltas: Sequence[float]) -> bool:
+    """Whether the controls' spread is zero up to rounding (fewer than two controls, or all alike): no z exists."""
+    controls = np.asarray(control_deltas, dtype=np.float64)
+    if controls.size < 2:
+        return True
+    return float(controls.std(ddof=0)) <= SPREAD_FLOOR * max(1.0, float(np.abs(controls).max()))
+
+
+def z_score(candidate_delta: float, control_deltas: Sequence[float]) -> float | None:
+    """(candidate - mean(controls)) / population std(controls); None when the spread is degenerate."""
     controls = np.asarray(control_deltas, dtype=np.float64)
     if controls.size == 0:
         raise HeadLabError("a z-score needs at least one control; run some controls.")
-    return float((float(candidate_delta) - controls.mean()) / max(float(controls.std(ddof=0)), STD_FLOOR))
+    if degenerate_spread(controls):
+        return None
+    return float((float(candidate_delta) - controls.mean()) / float(controls.std(ddof=0)))
+
+
+def format_z(z: float | None) -> str:
+    """A z for tables and printouts: "n/a (degenerate)" where the controls' spread is zero."""
+    return "n/a (degenerate)" if z is None else f"{z:+.3g}"
 
 
 @dataclass(frozen=True)
@@ -166,8 +184,24 @@ def recipe_verdict(
         removed = -float(_canonical_dict(upper_bound_deltas)["top1"]) / clean_top1
         ub_ok = removed >= min_upper_bound_fraction
         ok &= ub_ok
-        reasons.append(f"upper bound removes {removed:.0%} of clean top-1 ({'>=' if ub_ok else '<'} {min_upper_bound_fraction:.0%}).")
+        shown = round(removed, 2) + 0.0  # + 0.0: a rounded -0.0 prints "0%", not "-0%"
+        reasons.append(f"upper bound removes {shown:.0%} of clean top-1 ({'>=' if ub_ok else '<'} {min_upper_bound_fraction:.0%}).")
     return Verdict("causal" if ok else "not causal", rule, tuple(reasons))
+
+
+def _degenerate_controls(candidate: float, controls: Sequence[float], metric: str, min_controls: int) -> tuple[str, ...]:
+    """Why controls cannot back a verdict (too few distinct sets, or no spread on `metric`); () when they can."""
+    n = len(controls)
+    if n < min_controls:
+        why = (f"only {n} distinct control set{' was' if n == 1 else 's were'} measured; a verdict needs at least "
+               f"{min_controls}, and a z from fewer means nothing.")
+    elif degenerate_spread(controls):
+        why = f"the controls' spread on {metric} is 0 (every control set changes it alike), so no z exists."
+    else:
+        return ()
+    values = ", ".join(f"{v:+.4g}" for v in sorted(controls)[:5]) + (", ..." if n > 5 else "")
+    return (why, f"{metric}: the candidate's delta is {candidate:+.4g}, the controls' {values}.",
+            "Choose fewer heads, the other control kind, or a model with more heads.")
 
 
 def closure_verdict(
@@ -176,14 +210,17 @@ def closure_verdict(
     rule: str = "paper",
     headline: str = "logit",
     z_threshold: float = 1.8,
+    min_controls: int = MIN_CLOSURE_CONTROLS,
 ) -> Verdict:
-    """The closure test [CVC]: "pass", "fail" or "fails in the wrong direction", with the rule named.
+    """The closure test [CVC]: "pass", "fail", "fails in the wrong direction" or "inconclusive", with the rule named.
 
     paper (default): every metric's delta is damaging and the signed z of the headline metric is
     beyond the threshold in the damaging direction (z_logit < -1.8, or z_loss > +1.8 for headline loss).
     reference: every delta damaging and, on at least one metric, the candidate lies outside the
     control range on the damaging side. Either rule: delta loss < 0 with z_loss < -threshold is
     "fails in the wrong direction" (the ablation improves the model far beyond the controls).
+    Either rule is "inconclusive" with fewer than min_controls distinct control sets or a zero control
+    spread on the headline metric: the candidate cannot stand out from controls that do not vary.
     """
     if rule not in ("paper", "reference"):
         raise HeadLabError(f"closure rule {rule!r} is unknown; use 'paper' or 'reference'.")
@@ -205,8 +242,11 @@ def closure_verdict(
         rule_text = f"paper: every delta damaging and z_{head_metric} {'<' if headline == 'logit' else '>'} {'-' if headline == 'logit' else '+'}{z_threshold:g}"
     else:
         rule_text = "reference: every delta damaging and outside the control range (damaging side) on at least one metric"
+    degenerate = _degenerate_controls(cand[head_metric], ctrl[head_metric], head_metric, min_controls)
+    if degenerate:
+        return Verdict("inconclusive", rule_text, degenerate, z)
     reasons = []
-    if "loss" in cand and cand["loss"] < 0 and z["loss"] < -z_threshold:
+    if "loss" in cand and cand["loss"] < 0 and z["loss"] is not None and z["loss"] < -z_threshold:
         reasons.append(
             f"ablating the candidate lowers the loss by {-cand['loss']:.4g} (z_loss {z['loss']:+.2f} < -{z_threshold:g}): "
             "it improves the model beyond every control, the opposite of closure."

@@ -99,8 +99,8 @@ def stratum_statistic(spins: Any, strata: Any, labels_by_head: Mapping[Head, str
     return RouteStatistic(per_stratum=tuple(results), max_ari=float(max(aris)), mean_ari=float(np.mean(aris)), J_by_stratum=Js)
 
 
-def null_z(observed: float, null_values: Sequence[float]) -> float:
-    """z = (observed - mean(null)) / std(null, ddof=0), the spread floored at 1e-9: the closure z (reference)."""
+def null_z(observed: float, null_values: Sequence[float]) -> float | None:
+    """z = (observed - mean(null)) / std(null, ddof=0), the closure z; None when the null does not vary."""
     if len(null_values) == 0:
         raise HeadLabError("the null distribution is empty; draw at least one random partition.")
     return z_score(observed, null_values)

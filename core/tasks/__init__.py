@@ -1,5 +1,5 @@
 """Seeded data for probing and training: the induction and natural-text probe batches, clean/corrupted
-pairs for patching, byte text, [HHG] sequences.
+pairs for patching (built in, or from a user's probe file), byte text, [HHG] sequences.
 
 Everything random takes an explicit seed, so a probe spec fully determines its batch.
 """
@@ -7,6 +7,7 @@ Everything random takes an explicit seed, so a probe spec fully determines its b
 from core.tasks.counterfactual import InductionCounterfactualSpec, PatchPair
 from core.tasks.induction import InductionProbeSpec, default_zoo_probe_spec, reference_probe_spec
 from core.tasks.probe_batch import PATTERNS, ProbeBatch
+from core.tasks.probe_file import ProbeFile, read_probe_file
 from core.tasks.specs import ProbeSpec, probe_spec, spec_from_json
 from core.tasks.text import TextProbeSpec, default_text_probe_spec, load_text_bytes, text_fingerprint
 from core.tasks.vocab import BOS, BYTE_VOCAB_SIZE, EOS, PAD, SEP, token_label
@@ -22,12 +23,14 @@ __all__ = [
     "InductionProbeSpec",
     "PatchPair",
     "ProbeBatch",
+    "ProbeFile",
     "ProbeSpec",
     "TextProbeSpec",
     "default_text_probe_spec",
     "default_zoo_probe_spec",
     "load_text_bytes",
     "probe_spec",
+    "read_probe_file",
     "reference_probe_spec",
     "spec_from_json",
     "text_fingerprint",

@@ -30,12 +30,15 @@ class PatchPair:
     corrupted_target: [example] long, the answer the corrupted prompt points to; None when the pair
                       keeps the clean target (then the logit difference is the target logit alone)
     spec:             provenance (task, probe spec, corruption seed, ...), JSON-serialisable
+    attention_mask:   [example, pos] long, 1 at real tokens and 0 at padding, shared by both sides (a
+                      pair has equal token lengths, so equal padding); None when nothing is padded
     """
 
     clean: ProbeBatch
     corrupted_tokens: torch.Tensor
     corrupted_target: torch.Tensor | None = None
     spec: dict = field(default_factory=dict)
+    attention_mask: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.clean, ProbeBatch):
@@ -56,6 +59,10 @@ class PatchPair:
             )
         if not isinstance(self.spec, dict):
             raise HeadLabError("PatchPair.spec must be a dict describing how the pair was made.")
+        mask = self.attention_mask
+        if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dtype != torch.long
+                                 or tuple(mask.shape) != tuple(tokens.shape)):
+            raise HeadLabError(f"PatchPair.attention_mask must be a torch.long tensor of shape {tuple(tokens.shape)}, or None.")
 
     @property
     def n_examples(self) -> int:
@@ -78,7 +85,8 @@ class PatchPair:
     def select(self, index: slice | torch.Tensor) -> "PatchPair":
         """The pairs picked by `index` (a slice or a long/bool tensor); spec is kept."""
         target = None if self.corrupted_target is None else self.corrupted_target[index]
-        return PatchPair(self.clean.select(index), self.corrupted_tokens[index], target, dict(self.spec))
+        mask = None if self.attention_mask is None else self.attention_mask[index]
+        return PatchPair(self.clean.select(index), self.corrupted_tokens[index], target, dict(self.spec), mask)
 
     def chunks(self, size: int) -> Iterator["PatchPair"]:
         """Consecutive sub-pairs of at most `size` examples, in order (for memory-bounded passes)."""
@@ -89,7 +97,8 @@ class PatchPair:
 
     def to(self, device: str | torch.device) -> "PatchPair":
         target = None if self.corrupted_target is None else self.corrupted_target.to(device)
-        return PatchPair(self.clean.to(device), self.corrupted_tokens.to(device), target, dict(self.spec))
+        mask = None if self.attention_mask is None else self.attention_mask.to(device)
+        return PatchPair(self.clean.to(device), self.corrupted_tokens.to(device), target, dict(self.spec), mask)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest
 
 import core.zoo.presets
+from core.ablation.spec import PROBE_MODES
 from core.ablation.study import ablate_alone, example_damage, worst_examples
 from core.heads import head_name
 from core.model.loading import load_model
@@ -156,6 +157,8 @@ def test_spectral_page_switches_pr_definition(report):
 
 def test_ablation_run_button_produces_a_verdict(report):
     at = open_page(make_app(), "ablation")
+    mode = at.selectbox(key="ablation_mode")
+    assert mode.options == list(PROBE_MODES) and mode.value == "zero"  # every probe ablation type; zero by default
     at.button(key="preset_circuit").click().run()
     typed = at.text_input(key="heads_text").value
     assert typed == str(report.candidate_circuit)  # the preset is core's screened circuit (may be empty)
@@ -328,6 +331,7 @@ def test_probe_too_long_for_the_model(quick_zoo):
         open_page(at, page)
         assert not at.exception, at.exception
         assert any("longer than the model's context" in e for e in errors(at)), (page, errors(at))
+        assert not any("--seq-len" in e for e in errors(at))  # no command-line advice in the app
 
 
 def test_first_launch_offers_to_train_the_zoo(tmp_path, monkeypatch):

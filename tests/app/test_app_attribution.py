@@ -69,6 +69,7 @@ def test_live_analysis_matches_core_and_sends_heads_to_the_ablation_lab(quick_zo
     assert [t.value for t in at.title] == ["Ablation lab"]
     assert at.text_input(key="heads_text").value == "L1H0,L2H3"
     assert (at.session_state["task"], at.session_state["token_low"], at.session_state["token_high"]) == ("induction", 1, 100)
+    assert any("The probe was switched to induction over tokens 1..99" in i.value for i in at.info)  # said, not silent
     assert errors(at) == []  # the lab's probe fits the 104-token vocabulary
 
 
@@ -101,7 +102,7 @@ def test_ood_lengths_without_valid_samples_show_errors(quick_zoo):
 @pytest.fixture
 def stored_seeds(quick_zoo):
     """Hand-made per-seed results as a preset run stores them: 3 reverse seeds (one skipped model), 2 sort."""
-    folder = attr.attribution_dir()
+    folder = attr.attribution_dir() / "mean"
     written = []
 
     def store(name, task, G, C):

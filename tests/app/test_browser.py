@@ -4,7 +4,9 @@ Visits every page on the quick zoo and saves a screenshot of each into test-outp
 in the ablation lab it box-selects heads on the grid with the mouse, runs the ablation, waits for
 the verdict and screenshots it. The analysis pages each run to a result (a co-activation community's
 closure test, gradient vs causal, proposers vs disposer, form vs function over training), and two of
-them hand heads to the ablation lab. Never downloads a browser: skips when /usr/bin/chromium is missing.
+them hand heads to the ablation lab; the patching page patches an uploaded probe file and sends a clicked
+head there. Clicks on the lab's grid add and remove heads, and degenerate controls give an "inconclusive"
+banner. Never downloads a browser: skips when /usr/bin/chromium is missing.
 """
 
 from __future__ import annotations
@@ -355,3 +357,83 @@ def test_training_dynamics_form_vs_function(server, page):
     wait_until_idle(page, title)
     assert_no_error(page)
     screenshot(page, "dynamics")
+
+
+def test_patching_an_uploaded_probe_file_and_clicking_a_head_into_the_lab(server, page):
+    """The example probe file uploaded, patched, one head clicked on the heatmap and sent to the ablation lab."""
+    title = "Patching"
+    config = load_config(ModelRef.parse(MODEL))
+    n_layers, n_heads = int(config.num_hidden_layers), int(config.num_attention_heads)
+    layer, head = min(1, n_layers - 1), 0
+    page.goto(f"{server}/patching?{QUERY}")
+    wait_until_idle(page, title)
+    page.get_by_text("upload a probe file").first.click()
+    wait_until_idle(page, title)
+    page.locator('[data-testid="stFileUploader"] input[type="file"]').set_input_files(
+        str(REPO / "assets" / "probes" / "ioi_example.jsonl"))
+    click_button(page, "patch_run", title)
+    heat = page.locator(".st-key-patch_heads .js-plotly-plot").first
+    heat.wait_for(timeout=LONG_MS)
+    wait_until_idle(page, title)
+    assert_no_error(page)
+    labels = " ".join(page.locator('[data-testid="stMetricLabel"]').all_inner_texts())
+    assert "identity check" in labels and "Spearman" in labels, labels
+    heat.scroll_into_view_if_needed()
+    box = heat.locator(".nsewdrag").first.bounding_box()
+    page.mouse.click(box["x"] + (head + 0.5) * box["width"] / n_heads, box["y"] + (layer + 0.5) * box["height"] / n_layers)
+    chosen = page.locator(".st-key-patch_to_ablation")  # the send button, redrawn once the click is read
+    page.wait_for_function(
+        "(want) => [...document.querySelectorAll('[data-testid=\"stMultiSelect\"] span')].some(s => s.innerText === want)"
+        " && ![...document.querySelectorAll('[data-testid=\"stMultiSelect\"] span')].some(s => /^L\\d+H\\d+$/.test(s.innerText) && s.innerText !== want)",
+        arg=f"L{layer}H{head}", timeout=120_000, polling=500)
+    screenshot(page, "patching")
+    chosen.locator("button").first.click()
+    wait_until_idle(page, "Ablation lab")
+    assert_no_error(page)
+    assert page.locator('input[aria-label="Heads to ablate"]').input_value() == f"L{layer}H{head}"
+
+
+def test_ablation_lab_clicks_add_heads_and_degenerate_controls_are_inconclusive(server, page):
+    """Clicks on the grid add and remove heads one at a time (a non-adjacent set with no lasso); on
+    induction-olmoe (2 x 4 heads) half of the heads leave one any-layer control set, and the verdict banner
+    says "inconclusive" and why instead of passing on a z of 1e8."""
+    config = load_config(ModelRef.parse("induction-olmoe"))
+    n_layers, n_heads = int(config.num_hidden_layers), int(config.num_attention_heads)
+    assert (n_layers, n_heads) == (2, 4)  # the heads below are half of the model
+    title = "Ablation lab"
+    page.goto(f"{server}/ablation?model=induction-olmoe&n=32&seq_len=64")
+    wait_until_idle(page, title)
+    heads_box = page.locator('input[aria-label="Heads to ablate"]')
+
+    def click_head(layer: int, head: int, want: str) -> None:
+        grid = page.locator(".st-key-ablation_grid .js-plotly-plot").first  # a fresh chart after every pick
+        grid.scroll_into_view_if_needed()
+        box = grid.locator(".nsewdrag").first.bounding_box()
+        page.mouse.click(box["x"] + (head + 0.5) * box["width"] / n_heads, box["y"] + (layer + 0.5) * box["height"] / n_layers)
+        page.wait_for_function("([sel, want]) => document.querySelector(sel)?.value === want",
+                               arg=['input[aria-label="Heads to ablate"]', want], timeout=120_000, polling=300)
+        wait_until_idle(page, title)
+
+    click_head(0, 0, "L0H0")
+    click_head(1, 1, "L0H0,L1H1")  # adds: no shift needed
+    click_head(1, 1, "L0H0")  # a second click removes it
+    click_head(1, 1, "L0H0,L1H1")
+    click_head(0, 1, "L0H0,L0H1,L1H1")
+    click_head(1, 0, "L0H0,L0H1,L1H0,L1H1")
+    assert heads_box.input_value() == "L0H0,L0H1,L1H0,L1H1"
+    page.locator(".st-key-control_kind").get_by_text("any-layer").click()
+    wait_until_idle(page, title)
+    assert page.get_by_text("Only 1 distinct any-layer control set exists").count() >= 1
+    screenshot(page, "ablation-clicked-heads")
+    page.get_by_role("button", name="Run ablation").click()
+    page.get_by_role("heading", name="Verdict").wait_for(timeout=LONG_MS)
+    wait_until_idle(page, title)
+    assert_no_error(page)
+    alerts = " ".join(page.locator('[data-testid="stAlertContainer"]').all_inner_texts())
+    assert "Closure verdict, paper rule [CVC]: inconclusive" in alerts
+    assert "only 1 distinct control set was measured" in alerts
+    assert "]: pass" not in alerts  # no closure rule passes on one control
+    screenshot(page, "ablation-degenerate-verdict")
+    page.get_by_role("button", name="Clear selection").click()
+    page.wait_for_function("(sel) => document.querySelector(sel)?.value === ''",
+                           arg='input[aria-label="Heads to ablate"]', timeout=120_000, polling=300)

@@ -19,7 +19,8 @@ from transformer_lens.model_bridge import TransformerBridge
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
 import core.ablation.engine as ablation_module
-from core.ablation.engine import AblationCancelled, ablated_logits_fn, compute_means, greedy_exact_match, run_conditions
+from core.ablation.engine import AblationCancelled, ablated_logits_fn, greedy_exact_match, run_conditions
+from core.ablation.replacements import Replacements, compute_replacements
 from core.ablation.spec import Ablation, query_metrics
 from core.ablation.study import AblationResult, AblationSettings, ablation_study
 from core.errors import HeadLabError
@@ -167,6 +168,12 @@ def test_prefix_reuse_equals_full_recomputation_and_skips_lower_blocks(tiny):
         Ablation(HeadSet(((2, 2),)), mlp_layers=(1,)),
         Ablation(mlp_layers=(2,), mode="mean"),
         Ablation(HeadSet(((0, 2),))),
+        # every other probe mode: heads only (the parallel-residual shortcut) and with an MLP (replayed)
+        Ablation(HeadSet(((1, 1), (2, 0))), mode="mean-per-position"),
+        Ablation(HeadSet(((1, 2),)), mode="resample", seed=5),
+        Ablation(HeadSet(((1, 2),)), mlp_layers=(2,), mode="resample", seed=6),
+        Ablation(HeadSet(((1, 3), (2, 3))), mode="token-wise-mean"),
+        Ablation(HeadSet(((2, 0),)), mlp_layers=(1,), mode="token-wise-mean"),
     ]
     calls = {layer: 0 for layer in range(N_LAYERS)}
     handles = [
@@ -199,6 +206,8 @@ def test_prefix_reuse_across_architectures(family, tmp_path):
     conditions = [
         Ablation(HeadSet(((1, 0),))), Ablation(HeadSet(((0, 1), (1, 2))), mode="mean"),
         Ablation(mlp_layers=(1,)), Ablation(mlp_layers=(0,), mode="mean"),
+        Ablation(HeadSet(((0, 2),)), mode="mean-per-position"), Ablation(HeadSet(((1, 1),)), mode="resample", seed=2),
+        Ablation(HeadSet(((0, 0),)), mlp_layers=(1,), mode="token-wise-mean"),
     ]
     notes: list[str] = []
     _, prefix = run_conditions(model, batch, conditions, chunk_size=2, notes=notes)
@@ -217,12 +226,12 @@ def test_head_change_is_the_ablated_heads_through_w_o():
     weights = torch.tensor([[[1.0, 0.0]], [[0.0, 2.0]]])  # [head, d_head, d_model]: head 0 -> x, head 1 -> 2y
     z = torch.tensor([[[[3.0], [5.0]]]])  # [row=1, pos=1, head=2, d_head=1]
     chunk = [Ablation(HeadSet(((0, 1),))), Ablation(HeadSet(((0, 0), (0, 1))))]
-    change = ablation_module._head_change(weights, z, chunk, 0, 1, None)
+    change = ablation_module._head_change(weights, z, chunk, 0, (0, 1), None)
     # condition 0 zeroes head 1: -5 * 2y; condition 1 zeroes both: -3x - 10y
     assert torch.equal(change, torch.tensor([[[0.0, -10.0]], [[-3.0, -10.0]]]))
-    means = {"blocks.0.attn.hook_z": torch.tensor([[[1.0], [4.0]]])}  # [pos, head, d_head]
-    mean_chunk = [Ablation(HeadSet(((0, 1),)), mode="mean")]
-    change = ablation_module._head_change(weights, z, mean_chunk, 0, 1, means)
+    means = Replacements({("position", "blocks.0.attn.hook_z"): torch.tensor([[[1.0], [4.0]]])})  # [pos, head, d_head]
+    mean_chunk = [Ablation(HeadSet(((0, 1),)), mode="mean-per-position")]
+    change = ablation_module._head_change(weights, z, mean_chunk, 0, (0, 1), means)
     assert torch.equal(change, torch.tensor([[[0.0, -2.0]]]))  # (4 - 5) * 2y
 
 
@@ -248,7 +257,7 @@ def test_stacked_conditions_and_example_chunks_match_the_loop(tiny):
         _assert_same(b, {m: a.values(m) for m in ("loss", "top1", "top5", "target_logit")})
 
 
-def test_mean_ablation_equals_hand_computed_means(tiny):
+def test_mean_per_position_ablation_equals_hand_computed_means(tiny):
     _, model = tiny
     batch = _batch(n=8, seed=4)
     layer, head = 1, 2
@@ -262,10 +271,11 @@ def test_mean_ablation_equals_hand_computed_means(tiny):
             return z
 
         want = _metrics_from_logits(model.run_with_hooks(batch.tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", replace)]), batch)
-    _, (got,) = run_conditions(model, batch, [Ablation(HeadSet(((layer, head),)), mode="mean")])
+    ablation = Ablation(HeadSet(((layer, head),)), mode="mean-per-position")
+    _, (got,) = run_conditions(model, batch, [ablation])
     _assert_same(got, want)
-    means = compute_means(model, batch.tokens, Ablation(HeadSet(((layer, head),)), mode="mean"))
-    torch.testing.assert_close(means[f"blocks.{layer}.attn.hook_z"][:, head], mean, atol=1e-6, rtol=0)
+    means = compute_replacements(model, batch.tokens, ablation).values[("position", f"blocks.{layer}.attn.hook_z")]
+    torch.testing.assert_close(means[:, head], mean, atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("which", ["tiny", "tiny_sequential"])
@@ -285,7 +295,7 @@ def test_mlp_zero_ablation_equals_zeroed_mlp_output_weights(which, request):
     _assert_same(got, want)
 
 
-def test_mlp_mean_ablation_equals_hand_computed_means(tiny_sequential):
+def test_mlp_mean_per_position_ablation_equals_hand_computed_means(tiny_sequential):
     _, model = tiny_sequential
     batch = _batch(n=7, seed=6)
     with torch.no_grad():
@@ -295,7 +305,7 @@ def test_mlp_mean_ablation_equals_hand_computed_means(tiny_sequential):
         want = _metrics_from_logits(
             model.run_with_hooks(batch.tokens, fwd_hooks=[(name, lambda out, hook: mean.expand_as(out).clone())]), batch
         )
-    _, (got,) = run_conditions(model, batch, [Ablation(mlp_layers=(2,), mode="mean")])
+    _, (got,) = run_conditions(model, batch, [Ablation(mlp_layers=(2,), mode="mean-per-position")])
     _assert_same(got, want)
 
 
@@ -342,11 +352,11 @@ def test_sequence_helpers(tiny):
     prompts = torch.tensor([[1, 2], [5, 6], [7, 8]])
     answers = torch.tensor([[3, 4], [7, 9], [9, 10]])
     assert greedy_exact_match(plus_one, prompts, answers) == pytest.approx(2 / 3)
-    ablation = Ablation(HeadSet(((1, 0),)), mode="mean")
-    with pytest.raises(HeadLabError, match="compute_means"):
+    ablation = Ablation(HeadSet(((1, 0),)), mode="mean-per-position")
+    with pytest.raises(HeadLabError, match="compute_replacements"):
         ablated_logits_fn(model, ablation)
     tokens = _batch().tokens
-    means = compute_means(model, tokens, ablation)
+    means = compute_replacements(model, tokens, ablation)
     fn = ablated_logits_fn(model, ablation, means)
     assert fn(tokens[:, :12]).shape == (tokens.shape[0], 12, 260)
     with pytest.raises(HeadLabError, match="positions"):
@@ -388,7 +398,7 @@ def test_ablation_study_bad_input(tiny):
     with pytest.raises(HeadLabError, match="outside this model"):
         run_conditions(model, batch, [Ablation(mlp_layers=(9,))])
     with pytest.raises(HeadLabError, match="mode"):
-        Ablation(HeadSet(((0, 0),)), mode="resample")
+        Ablation(HeadSet(((0, 0),)), mode="median")
     # more than half of a layer is fine when any-layer controls are asked for
     ok = ablation_study(model, batch, HeadSet(((1, 0), (1, 1), (1, 2))), AblationSettings(n_controls=2, controls="any-layer", n_boot=50))
     assert len(ok.controls) == 2 and "recipe" not in ok.verdicts

@@ -239,7 +239,8 @@ def test_zero_ablation_importance_equals_weight_surgery(trained_folder, bridge):
 def test_one_pass_exact_match_equals_greedy_decoding(trained_folder, bridge):
     """The one-pass exact match gives the same per-example verdicts as step-by-step greedy decoding,
     clean and under a mean ablation (whose means cover every position)."""
-    from core.ablation.engine import ablated_logits_fn, compute_means
+    from core.ablation.engine import ablated_logits_fn
+    from core.ablation.replacements import compute_replacements
     from core.tasks.sequences import exact_match_per_example
 
     model = load_hf(trained_folder)
@@ -251,14 +252,14 @@ def test_one_pass_exact_match_equals_greedy_decoding(trained_folder, bridge):
         assert length == 2 or 0 < int(slow.sum()) < 120  # length 1: some right, some wrong
     ablation = measures._ablation_of(["L0H1", "L1MLP"], "mean")
     tokens, _ = make_sequence_batch("reverse", 1, 120, 7)
-    fn = ablated_logits_fn(bridge, ablation, compute_means(bridge, tokens, ablation))
+    fn = ablated_logits_fn(bridge, ablation, compute_replacements(bridge, tokens, ablation))
     fast = measures.greedy_exact_match_per_example(fn, "reverse", 1, 120, 7)
     slow = exact_match_per_example(fn, "reverse", 1, 120, 7)
     assert torch.equal(fast, slow) and int(slow.sum()) < int(exact_match_per_example(clean_fn, "reverse", 1, 120, 7).sum())
 
 
-def test_mean_ablation_of_a_head_equals_a_hand_hook(trained_folder, bridge):
-    """Mean ablation: the head's input slice to W_O replaced by its per-position mean over the scored
+def test_mean_per_position_ablation_of_a_head_equals_a_hand_hook(trained_folder, bridge):
+    """Mean-per-position ablation: the head's input slice to W_O replaced by its per-position mean over the scored
     sequences, done here with a plain forward pre-hook on the HF output projection."""
     n, seed, length, layer, head = 150, 5, 1, 0, 0
     model = load_hf(trained_folder)
@@ -281,7 +282,8 @@ def test_mean_ablation_of_a_head_equals_a_hand_hook(trained_folder, bridge):
     handle = dense.register_forward_pre_hook(replace)
     ablated = exact_match_accuracy(lambda t: model(t).logits, "reverse", length, n, seed)
     handle.remove()
-    C = measures.causal_importance(bridge, "reverse", length, n_examples=n, seed=seed, mode="mean", components=["L0H0"])
+    C = measures.causal_importance(bridge, "reverse", length, n_examples=n, seed=seed, mode="mean-per-position",
+                                   components=["L0H0"])
     assert abs(clean - ablated) > 0.05  # the hand hook really ablates something
     assert C[0] == pytest.approx(clean - ablated, abs=1e-6)  # one example is 1/150
 
@@ -483,7 +485,8 @@ def test_stored_results_grouped_by_settings(tmp_path, monkeypatch):
     from core.workspace import atomic_write_json
 
     monkeypatch.setenv("HEADLAB_HOME", str(tmp_path))
-    folder = attr.attribution_dir()
+    folder = attr.attribution_dir() / "mean"  # every settings here mean-ablates
+    (attr.attribution_dir() / "a.json").write_text("{}")  # a result from before the per-mode folders: not read
     C = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5]
     for name, G in (("a", [1, 2, 3, 4, 5, 6]), ("b", [6, 5, 4, 3, 2, 1]), ("f", [6, 5, 4, 3, 2, 1])):
         atomic_write_json(folder / f"{name}.json", _result(name, G, C).to_json())
@@ -551,9 +554,9 @@ def test_preset_run_is_resumable(tmp_path, monkeypatch, trained_folder):
     skipped = dict(first["skipped"])
     assert skipped["tiny-reverse-s2"] == "not trained" and "solves none" in skipped["tiny-reverse-s1"]
     assert first["rhos"][0] == first["rho_mean"] and first["rho_std"] == 0.0
-    stored = tmp_path / "reports" / "attribution" / "tiny-reverse-s0.json"
+    stored = tmp_path / "reports" / "attribution" / "mean" / "tiny-reverse-s0.json"
     assert ares.AttributionResult.from_json(json.loads(stored.read_text())).revision == "step0000100"
-    assert (tmp_path / "reports" / "attribution" / "tiny-reverse-s1.skipped.json").is_file()
+    assert (tmp_path / "reports" / "attribution" / "mean" / "tiny-reverse-s1.skipped.json").is_file()
 
     def fail(*a, **k):
         raise AssertionError("a stored result was recomputed")
@@ -573,4 +576,4 @@ def test_preset_run_is_resumable(tmp_path, monkeypatch, trained_folder):
     settings = ares.AttributionSettings(task="reverse", ood_length=1, n_batches=1, batch_size=4, n_examples=40)
     summary, paths = attr.run_preset("tiny", settings, progress=False, executor=SerialExecutor())
     assert summary.to_json()["rhos"] == first["rhos"] and summary.to_json()["skipped"] == first["skipped"]
-    assert paths["tiny-reverse-s0"] == fresh / "reports" / "attribution" / "tiny-reverse-s0.json"
+    assert paths["tiny-reverse-s0"] == fresh / "reports" / "attribution" / "mean" / "tiny-reverse-s0.json"

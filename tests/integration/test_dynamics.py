@@ -110,7 +110,8 @@ def test_form_vs_function_per_checkpoint(fake_zoo):
     ff = form_vs_function(ref, circuit, _spec(), traj, n_controls=3)
     assert len(ff.cells) == 3 and ff.revisions == traj.revisions
     np.testing.assert_allclose(ff.form_score, traj.membership[:, 1, [0, 3]].mean(axis=1))
-    assert all(c["closure_verdict"] in ("pass", "fail", "fails in the wrong direction") for c in ff.cells)
+    # two of layer 1's four heads leave one matched control set: no closure verdict can stand on it
+    assert all(c["closure_verdict"] == "inconclusive" for c in ff.cells)
     assert len(ff.labels) == 3
     with pytest.raises(HeadLabError, match="empty"):
         form_vs_function(ref, HeadSet(), _spec(), traj)

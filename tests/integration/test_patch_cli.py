@@ -4,6 +4,7 @@ TransformerLens's own direct-path patching, and `python -m core patch` / `bench 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,13 +15,17 @@ from transformer_lens.patching import get_act_patch_direct_path
 from core.__main__ import main
 from core.ablation.patching import PatchSettings, activation_patching, attribution_patching, path_patching
 from core.bench.patch import bench_patch
+from core.figures.patching import patching_bundles
 from core.heads import HeadSet
+from core.model.loading import byte_tokenizer
 from core.pipelines.patching import PatchingReport
 from core.tasks import InductionCounterfactualSpec, InductionProbeSpec
+from core.tasks.probe_file import PADDING_SIDES, read_probe_file
 from core.workspace import zoo_dir
 from tests.tiny_models import make_fake_zoo, tiny_model
 
 MODEL = "tiny-patch-neox"
+EXAMPLE_PROBES = Path(__file__).resolve().parents[2] / "assets" / "probes" / "ioi_example.jsonl"
 
 
 @pytest.fixture(scope="module")
@@ -107,3 +112,37 @@ def test_bench_patch_reports_speedup_and_agreement(tmp_path, monkeypatch):
     assert result["n_heads_total"] == 8 and result["identity_max_diff"] == 0.0
     assert np.isfinite(result["speedup_attribution_vs_activation"]) and result["speedup_attribution_vs_activation"] > 0
     assert result["spearman"] is None or -1.0 <= result["spearman"] <= 1.0
+
+
+def test_probe_file_padding_is_masked_on_the_bridge(bridge):
+    """Left- and right-padded batches of the same pairs score alike (the mask hides the padding, and left-padded
+    rows keep their positions); unmasked left padding would not."""
+    lines = [{"prompt": "the cat sat on the mat, the c", "target": "a", "corrupted_prompt": "the dog sat on the mat, the c"},
+             {"prompt": "a bee and a bird, a b", "target": "e", "corrupted_prompt": "a cow and a bird, a b"}]
+    data = "\n".join(json.dumps(line) for line in lines).encode()
+    scores = {}
+    for side in PADDING_SIDES:
+        pair = read_probe_file(data, padding=side).build(byte_tokenizer(add_bos=True), 64)
+        assert int(pair.attention_mask.sum()) == 30 + 22 and pair.seq_len == 30
+        result = activation_patching(bridge, pair, PatchSettings(metric="target_logit"))
+        assert result.identity_max_diff == 0.0
+        scores[side] = result.scores
+    np.testing.assert_allclose(scores["left"], scores["right"], atol=1e-4)
+
+
+def test_cli_patch_on_the_example_probe_file(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HEADLAB_HOME", str(tmp_path / "home"))
+    make_fake_zoo(zoo_dir(), MODEL, "gpt_neox", steps=(0,))
+    out = tmp_path / "patch.json"
+    assert main(["patch", MODEL, "--probe-file", str(EXAMPLE_PROBES), "--no-attribution", "--json", str(out)]) == 0
+    assert "8 of 8 targets have several tokens" in capsys.readouterr().out
+    report = PatchingReport.from_json(json.loads(out.read_text()))
+    pair_spec = report.provenance["pair_spec"]
+    assert pair_spec["task"] == "probe-file" and pair_spec["name"] == "ioi_example.jsonl" and len(pair_spec["sha256"]) == 64
+    bundles = patching_bundles(report)  # no attribution, group or path asked: the head heatmap alone
+    assert [b.name for b in bundles] == ["patching-heads"] and len(bundles[0].rows) == 8
+    assert bundles[0].provenance["patching"]["pairs"]["sha256"] == pair_spec["sha256"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "When Mary met John", "target": "M", "corrupted_prompt": "When Mary met Jo"}\n')
+    assert main(["patch", MODEL, "--probe-file", str(bad)]) == 2
+    assert "line 1: the prompt is 19 tokens but the corrupted_prompt 17" in capsys.readouterr().err

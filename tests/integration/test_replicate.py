@@ -343,6 +343,43 @@ def test_report_files_without_images(tmp_path):
     assert "plotly" in html and "HEADLABFIGURE" not in html and "<table>" in html
 
 
+def test_attribution_report_shows_each_mean_variant_side_by_side(tmp_path):
+    """[HHG] claims measured under two variants: one row per claim, one column per variant, the finding
+    paragraph with the measured numbers, a section per variant, and each variant's key in the JSON."""
+    def measured(variant, rev, srt, heroes):
+        rho = replace(CLAIMS["hhg-rho-sort"], variant=variant, verdict=NOT_HELD, measured_text=f"rho {rev} vs {srt}",
+                      measured={"reverse_rho_mean": rev, "sort_rho_mean": srt})
+        layers = replace(CLAIMS["hhg-layers"], variant=variant, verdict=HELD, measured_text="layers",
+                         measured={"heroes_per_layer": heroes, "bloats_per_layer": {"1": 4}})
+        return [rho, layers]
+
+    claims = measured("mean", 0.61, 0.4, {"3": 5}) + measured("mean-per-position", -0.22, 0.17, {"0": 1, "3": 2})
+    report = rw.ReplicationReport("attribution", "paper", tuple(claims), tmp_path, 2.0,
+                                  {"attribution": {"gradient_variant": "paper"}})
+    text = rw.report_markdown(report)
+    assert "| claim | paper | published | mean | mean-per-position |" in text
+    row = next(line for line in text.splitlines() if line.startswith("| hhg-rho-sort |"))
+    assert "**did not hold**: rho 0.61 vs 0.4" in row and "rho -0.22 vs 0.17" in row
+    assert ("`mean`: reversal +0.61, sorting +0.40, heroes by layer L0/L1/L2/L3 0/0/0/5, bloats 0/4/0/0; "
+            "`mean-per-position`: reversal -0.22, sorting +0.17, heroes by layer L0/L1/L2/L3 1/0/0/2") in text
+    assert "### hhg-layers under `mean-per-position` ablation" in text and text.count("## hhg-rho-sort:") == 1
+    assert [c.key for c in claims] == ["hhg-rho-sort-mean", "hhg-layers-mean", "hhg-rho-sort-mean-per-position",
+                                       "hhg-layers-mean-per-position"]
+    assert Claim.from_json(claims[2].to_json()).variant == "mean-per-position"
+
+
+def test_attribution_measurements_are_stored_per_variant(fake_zoo, tmp_path, monkeypatch):
+    monkeypatch.setitem(rep.RUNNERS, "hhg-rho-reverse",
+                        lambda ctx, names: rep.Measurement({"rho_mean": 0.8, "rhos": [0.8], "n": 1}, {}, tuple(names)))
+    claim = replace(CLAIMS["hhg-rho-reverse"], uses=lambda preset: ["rep-a"], describe=lambda m: "rho")
+    for variant in ("mean", "reference-slice"):
+        ctx = replace(_context(tmp_path), target="attribution", ablation_mode=variant)
+        result, _ = rep.run_claim(claim, ctx)
+        assert result.variant == variant and result.verdict == HELD
+        stored = json.loads((tmp_path / "measurements" / variant / "hhg-rho-reverse.json").read_text())
+        assert stored["settings"]["attribution"]["ablation_mode"] == variant
+
+
 def test_report_inlines_svg_and_records_a_missing_browser(tmp_path, monkeypatch):
     import core.figures.bundle
 

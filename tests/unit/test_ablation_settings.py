@@ -27,7 +27,8 @@ def test_settings_defaults_hash_and_json_roundtrip():
 
 @pytest.mark.parametrize("kwargs,match", [
     ({"controls": "nearby"}, "control kind 'nearby'"),
-    ({"mode": "resample"}, "ablation mode 'resample'"),
+    ({"mode": "median"}, "ablation mode 'median'"),
+    ({"mode": "reference-slice"}, "ablation mode 'reference-slice' is not one of a probe's"),
     ({"metrics": ("loss", "exact_match")}, "metric 'exact_match' is not defined"),
     ({"metrics": ()}, "metrics is empty"),
     ({"n_controls": 0}, "n_controls is 0"),

@@ -13,7 +13,8 @@ import pytest
 
 from core.errors import HeadLabError
 from core.heads import HeadSet
-from core.pipelines.dynamics import DataShift, FormFunction, Trajectories, data_shift_jaccard
+from core.pipelines.dynamics import (DataShift, FormFunction, Trajectories, continuations, data_shift_jaccard,
+                                     seed_peers)
 from core.stats.dynamics import (
     HeadTiming,
     Identification,
@@ -116,6 +117,14 @@ def test_earliest_identifying_checkpoint_against_another_reference():
     ident = earliest_identifying_checkpoint([1, 2, 3], [[A], [A], [A, B]], final=[A])
     assert ident.first == Mark(0, 1.0) and ident.stable == Mark(None, None) and ident.stable_fraction is None
     assert ident.first_fraction == pytest.approx(1 / 3)
+
+
+def test_no_final_circuit_is_never_identified():
+    # no head ever joins: an empty set "matching" the empty final set from 0 tokens is no finding
+    ident = earliest_identifying_checkpoint([0, 10, 20], [[], [], []])
+    assert ident.first == ident.stable == Mark(None, None)
+    assert ident.first_fraction is None and ident.stable_fraction is None
+    assert ident.final_circuit == HeadSet()
 
 
 def test_earliest_identifying_checkpoint_rejects_mismatch():
@@ -275,3 +284,26 @@ def test_form_function_and_closure_split_figures():
                                                    "z": {"loss": 1.0, "top1": -2.0, "top5": 0.0, "target_logit": -3.0}}]}
     bars = closure_splits_figure("m", summary).figure.data[0]
     assert list(bars.y) == [1.0, -2.0, 0.0, -3.0]
+
+
+def _manifest(family: str, task: str, n_heads: int = 4, init_from: str | None = None, **model) -> dict:
+    return {"family": family, "task": task,
+            "config": {"model": {"family": family, "n_layers": 2, "n_heads": n_heads, "n_kv_heads": None, **model},
+                       "train": {"seed": 0, "init_from": init_from}}}
+
+
+def test_seed_peers_and_continuations_from_manifests():
+    manifests = {
+        "induction-neox": _manifest("gpt_neox", "induction"),
+        "induction-neox-s1": {**_manifest("gpt_neox", "induction"), "config": {  # an older manifest: no n_kv_heads key
+            "model": {"family": "gpt_neox", "n_layers": 2, "n_heads": 4}, "train": {"seed": 1}}},
+        "induction-olmoe": _manifest("olmoe", "induction"),  # same shape, another architecture
+        "duplicate-neox": _manifest("gpt_neox", "duplicate"),  # same architecture, another task
+        "induction-neox-wide": _manifest("gpt_neox", "induction", d_model=128),
+        "induction-neox-shifted": _manifest("gpt_neox", "induction", init_from="induction-neox"),
+    }
+    assert seed_peers("induction-neox", manifests) == ["induction-neox-s1"]
+    assert seed_peers("duplicate-neox", manifests) == []
+    assert seed_peers("not-in-the-zoo", manifests) == []
+    assert continuations("induction-neox", manifests) == ["induction-neox-shifted"]
+    assert continuations("duplicate-neox", manifests) == []  # never the unrelated induction-olmoe

@@ -39,3 +39,12 @@ def test_mask_roundtrip_and_json():
     assert heads.layers == (0, 2)
     assert head_name((3, 7)) == "L3H7"
     assert np.array_equal(HeadSet().mask(2, 2), np.zeros((2, 2), bool))
+
+
+def test_toggled_adds_absent_heads_and_removes_present_ones():
+    picked = HeadSet(((1, 0), (0, 2)))
+    assert picked.toggled([(1, 3)]) == HeadSet(((0, 2), (1, 0), (1, 3)))  # a click on a new head adds it
+    assert picked.toggled([(1, 0)]) == HeadSet(((0, 2),))  # a click on a selected head removes it
+    assert picked.toggled([(0, 2), (2, 2)]) == HeadSet(((1, 0), (2, 2)))
+    assert HeadSet().toggled([(0, 0)]).toggled([(0, 0)]) == HeadSet()
+    assert picked.union([(1, 0), (2, 1)]) == HeadSet(((0, 2), (1, 0), (2, 1)))  # a box adds, never removes

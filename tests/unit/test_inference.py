@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from core.errors import HeadLabError
-from core.stats.inference import (Verdict, bootstrap_ci, closure_verdict, empirical_rank_p, is_damaging, recipe_verdict,
+from core.stats.inference import (Verdict, bootstrap_ci, closure_verdict, empirical_rank_p, format_z, is_damaging,
+                                  recipe_verdict,
                                   z_score)
 
 REFERENCE = Path(__file__).resolve().parents[2].parent / "shared" / "reference"
@@ -22,7 +23,9 @@ CLOSURE = REFERENCE / "coactivation-closure" / "results"
 
 def test_z_score_hand_made():
     assert z_score(3.0, [1.0, 2.0, 3.0]) == pytest.approx(1.0 / np.sqrt(2.0 / 3.0))
-    assert z_score(1.5, [1.0, 1.0, 1.0]) == pytest.approx(0.5 / 1e-9)
+    assert z_score(1.5, [1.0, 1.0, 1.0]) is None  # no spread: no z (the reference's 1e-9 floor gave 5e8)
+    assert z_score(1.5, [2.0]) is None  # one control: no spread by construction
+    assert z_score(7.0, [6.84, 6.84 + 1e-8]) is None  # a spread of rounding size is no spread
     assert z_score(-1.0, [0.0, 2.0]) == pytest.approx(-2.0)
     with pytest.raises(HeadLabError):
         z_score(1.0, [])
@@ -70,6 +73,8 @@ def test_recipe_verdict_hand_made():
     assert _recipe_case(n=18).label == "inconclusive"
     loose = recipe_verdict({"loss": 1.0, "top1": -0.5}, {"loss": [0.1] * 5, "top1": [0.0] * 5}, 0.6, {"top1": -0.58}, min_controls=5)
     assert loose.label == "causal" and "5" in loose.rule
+    flat = recipe_verdict({"loss": 1.0, "top1": -0.5}, {"loss": [0.1] * 5, "top1": [0.0] * 5}, 0.6, {"top1": 0.001}, min_controls=5)
+    assert "upper bound removes 0% of clean top-1 (< 90%)." in flat.reasons  # never "-0%"
 
 
 def test_closure_verdict_hand_made():
@@ -94,6 +99,32 @@ def test_closure_verdict_hand_made():
         closure_verdict({"exact_match": -0.3}, {"exact_match": [0.0]})
     with pytest.raises(HeadLabError, match="rule"):
         closure_verdict(strong, ctrl, rule="vibes")
+
+
+def test_format_z():
+    assert format_z(None) == "n/a (degenerate)"
+    assert format_z(-2.345) == "-2.35"
+
+
+def test_closure_verdict_degenerate_controls_is_inconclusive():
+    # induction-olmoe, any-layer: one control set exists; the candidate hurts the loss *less* than it
+    cand = {"loss": 6.25, "top1": -0.6, "target_logit": -7.4}
+    one = {"loss": [6.84], "top1": [-0.75], "target_logit": [-7.66]}
+    for rule in ("paper", "reference"):
+        verdict = closure_verdict(cand, one, rule=rule)
+        assert verdict.label == "inconclusive"
+        assert verdict.reasons[0].startswith("only 1 distinct control set was measured")
+        assert "+6.25" not in verdict.reasons[1] and "-7.4" in verdict.reasons[1]  # the headline metric, logit
+        assert verdict.z == {"loss": None, "top1": None, "target_logit": None}
+    assert "only 2 distinct control sets were" in closure_verdict(cand, {m: v * 2 for m, v in one.items()}).reasons[0]
+    # three distinct sets that change the headline metric alike: no spread, no z, no verdict
+    flat = {"loss": [0.1, 0.2, 0.3], "top1": [0.0, -0.01, -0.02], "target_logit": [-0.5, -0.5, -0.5]}
+    strong = {"loss": 1.0, "top1": -0.2, "target_logit": -2.0}
+    verdict = closure_verdict(strong, flat)
+    assert verdict.label == "inconclusive" and "spread on target_logit is 0" in verdict.reasons[0]
+    assert verdict.z["target_logit"] is None and verdict.z["loss"] == pytest.approx((1.0 - 0.2) / np.std([0.1, 0.2, 0.3]))
+    assert closure_verdict(strong, flat, headline="loss").label == "pass"  # the loss spread is real
+    assert closure_verdict(strong, flat, min_controls=4, headline="loss").label == "inconclusive"
 
 
 def _reference_deltas(baseline: dict, candidate: dict, controls: list[dict], metrics: dict[str, str]):

@@ -75,7 +75,7 @@ def test_untied_logits_score_exactly_zero_or_one():
 def test_condition_metrics_and_ablation_json_keys():
     ablation = Ablation(HeadSet(((1, 2), (0, 1))), mlp_layers=(2, 2), mode="mean", label="c")
     data = json.loads(json.dumps(ablation.to_json()))
-    assert data == {"heads": [[0, 1], [1, 2]], "mlp_layers": [2], "mode": "mean", "label": "c"}
+    assert data == {"heads": [[0, 1], [1, 2]], "mlp_layers": [2], "mode": "mean", "label": "c", "seed": 0}
     assert Ablation.from_json(data) == ablation
     assert Ablation.from_json({"heads": [[0, 0]]}) == Ablation(HeadSet(((0, 0),)))  # older files: defaults
     metrics = ConditionMetrics("c", ablation, [1.0, 2.0], [1.0, 0.5], [1.0, 1.0], [0.1, 0.2])

@@ -65,9 +65,10 @@ def attribution_patching(model: Any, pair: PatchPair, settings: PatchSettings = 
             query, target = chunk.clean.query_pos.to(device), chunk.clean.target.to(device)
             other = None if chunk.corrupted_target is None else chunk.corrupted_target.to(device)
             tokens = {"clean": chunk.clean.tokens.to(device), "corrupted": chunk.corrupted_tokens.to(device)}
+            mask = None if chunk.attention_mask is None else chunk.attention_mask.to(device)
             source_z: dict[int, torch.Tensor] = {}
             with torch.no_grad():
-                logits_q = query_logits(model, tokens[source_side], query, z_recorders(n_layers, source_z))
+                logits_q = query_logits(model, tokens[source_side], query, z_recorders(n_layers, source_z), mask)
                 sums[source_side] += float(metric_values(logits_q, target, other, settings.metric).double().sum())
             base_z: dict[int, torch.Tensor] = {}
             leaves: dict[int, torch.Tensor] = {}
@@ -82,7 +83,7 @@ def attribution_patching(model: Any, pair: PatchPair, settings: PatchSettings = 
 
             with torch.enable_grad():
                 hooks = [(hook_name("z", layer), add_leaf(layer)) for layer in range(n_layers)]
-                values = metric_values(query_logits(model, tokens[base_side], query, hooks), target, other, settings.metric)
+                values = metric_values(query_logits(model, tokens[base_side], query, hooks, mask), target, other, settings.metric)
                 grads = torch.autograd.grad(values.sum(), [leaves[layer] for layer in range(n_layers)], allow_unused=True)
             sums[base_side] += float(values.detach().double().sum())
             for layer, grad in enumerate(grads):

@@ -146,7 +146,8 @@ def path_run(model: Any, runs: ChunkRuns, senders: HeadSet, receivers: HeadSet, 
 
     hooks = _sender_hooks(runs, senders, source_z, max(receivers.layers))
     hooks += [(hook_name("resid_pre", layer), keep(layer)) for layer in receivers.layers]
-    model.run_with_hooks(runs.base_tokens, fwd_hooks=hooks)
+    mask = {} if runs.attention_mask is None else {"attention_mask": runs.attention_mask}
+    model.run_with_hooks(runs.base_tokens, fwd_hooks=hooks, **mask)
     fired: list[str] = []
     receiver_hooks = _receiver_hooks(recorded, receivers, components, fired)
     with split_qkv_inputs(model):

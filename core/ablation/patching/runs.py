@@ -101,7 +101,8 @@ class ChunkRuns:
 
     base_tokens: [row, pos], the prompts a patched run reads; query, target: [row];
     other_target: [row] or None; clean_values, corrupted_values, base_values: [row] (the metric);
-    base_logits: [row, vocab] at the query; base_z, source_z: per layer [row, pos, head, d_head].
+    base_logits: [row, vocab] at the query; base_z, source_z: per layer [row, pos, head, d_head];
+    attention_mask: [row, pos] (1 real, 0 padding) or None, the same for both runs.
     """
 
     base_tokens: torch.Tensor
@@ -114,6 +115,7 @@ class ChunkRuns:
     base_logits: torch.Tensor
     base_z: list[torch.Tensor]
     source_z: list[torch.Tensor]
+    attention_mask: torch.Tensor | None = None
 
     @property
     def rows(self) -> int:
@@ -130,9 +132,16 @@ def z_recorders(n_layers: int, store: dict[int, torch.Tensor]) -> list[Hook]:
     return [(hook_name("z", layer), keep(layer)) for layer in range(n_layers)]
 
 
-def query_logits(model: Any, tokens: torch.Tensor, query: torch.Tensor, hooks: Sequence[Hook] = ()) -> torch.Tensor:
-    """One forward of tokens [row, pos] with `hooks`; the logits at each row's query position [row, vocab]."""
-    logits = model.run_with_hooks(tokens, fwd_hooks=list(hooks)) if hooks else model(tokens)  # [row, pos, vocab]
+def query_logits(model: Any, tokens: torch.Tensor, query: torch.Tensor, hooks: Sequence[Hook] = (),
+                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """One forward of tokens [row, pos] with `hooks`; the logits at each row's query position [row, vocab].
+
+    attention_mask [row, pos] (1 real, 0 padding) or None: padded batches from probe files (the
+    bridge then also offsets the positions of left-padded rows).
+    """
+    kwargs = {} if attention_mask is None else {"attention_mask": attention_mask}
+    logits = (model.run_with_hooks(tokens, fwd_hooks=list(hooks), **kwargs) if hooks
+              else model(tokens, **kwargs))  # [row, pos, vocab]
     return logits[torch.arange(tokens.shape[0], device=tokens.device), query]
 
 
@@ -142,16 +151,17 @@ def chunk_runs(model: Any, chunk: PatchPair, direction: str, metric: str, device
     n_layers = model_shape(model)[0]
     query, target = chunk.clean.query_pos.to(device), chunk.clean.target.to(device)
     other = None if chunk.corrupted_target is None else chunk.corrupted_target.to(device)
+    mask = None if chunk.attention_mask is None else chunk.attention_mask.to(device)
     runs = {}
     for side, tokens in (("clean", chunk.clean.tokens), ("corrupted", chunk.corrupted_tokens)):
         store: dict[int, torch.Tensor] = {}
         tokens = tokens.to(device)
-        logits_q = query_logits(model, tokens, query, z_recorders(n_layers, store))
+        logits_q = query_logits(model, tokens, query, z_recorders(n_layers, store), mask)
         runs[side] = (tokens, logits_q, metric_values(logits_q, target, other, metric), [store[l] for l in range(n_layers)])
     base, source = ("corrupted", "clean") if direction == "denoise" else ("clean", "corrupted")
     return ChunkRuns(base_tokens=runs[base][0], query=query, target=target, other_target=other,
                      clean_values=runs["clean"][2], corrupted_values=runs["corrupted"][2], base_values=runs[base][2],
-                     base_logits=runs[base][1], base_z=runs[base][3], source_z=runs[source][3])
+                     base_logits=runs[base][1], base_z=runs[base][3], source_z=runs[source][3], attention_mask=mask)
 
 
 def z_patch_hooks(source_z: Sequence[torch.Tensor], heads: HeadSet, position: int | None = None) -> list[Hook]:
@@ -179,7 +189,7 @@ def z_patch_hooks(source_z: Sequence[torch.Tensor], heads: HeadSet, position: in
 @torch.no_grad()
 def patched_run(model: Any, runs: ChunkRuns, hooks: Sequence[Hook], metric: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The base run with `hooks`: (metric values [row], query logits [row, vocab])."""
-    logits_q = query_logits(model, runs.base_tokens, runs.query, hooks)
+    logits_q = query_logits(model, runs.base_tokens, runs.query, hooks, runs.attention_mask)
     return metric_values(logits_q, runs.target, runs.other_target, metric), logits_q
 
 

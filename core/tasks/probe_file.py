@@ -1,0 +1,279 @@
+"""Probe files: a researcher's own prompts (JSONL, one record per example) as clean/corrupted pairs.
+
+A record holds `prompt` (text) or `prompt_ids` (token ids), `target` (text or one id), and
+optionally `corrupted_prompt` (text or ids), `corrupted_target` (text or id) and `query_pos` (the
+position, in the prompt's own tokens, whose next-token prediction is scored; default its last
+token). Text is tokenized with the model's own tokenizer (special tokens included, so zoo models
+get their BOS); a target of several tokens scores its first token and the pair's notes say so.
+
+Prompts of different lengths are padded to the longest, on the right (default) or the left, with
+an attention mask: right padding leaves every real position where it was, left padding lines the
+queries up at the last position (the model bridge offsets left-padded rows' positions from the
+mask). The pattern positions ProbeBatch carries are found by token identity: p is the latest
+earlier occurrence of the query token with p + 1 < q, and induction is p + 1. Where the query
+token has no such occurrence, p = first real token and p + 1 = the next one stand in and
+spec["pattern_found"] marks that example False; patching and ablation never read these positions.
+
+The file's SHA-256 is in to_json() (so in every cache key and provenance built from it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from numbers import Integral
+from pathlib import Path
+from typing import Any, ClassVar, Union
+
+import torch
+
+from core.errors import HeadLabError
+from core.tasks.counterfactual import PatchPair
+from core.tasks.probe_batch import MIN_QUERY_POS, ProbeBatch
+
+FIELDS = ("prompt", "prompt_ids", "target", "corrupted_prompt", "corrupted_target", "query_pos")
+PADDING_SIDES = ("right", "left")
+Prompt = Union[str, tuple[int, ...]]  # text, or token ids given in the file
+Target = Union[str, int]
+
+
+@dataclass(frozen=True)
+class ProbeRecord:
+    """One example as written in the file (line: its 1-based line number, for messages)."""
+
+    line: int
+    prompt: Prompt
+    target: Target
+    corrupted_prompt: Prompt | None = None
+    corrupted_target: Target | None = None
+    query_pos: int | None = None
+
+
+@dataclass(frozen=True)
+class _Encoded:
+    """One example's tokens: clean and corrupted ids, targets as ids, the query index in the prompt's own tokens."""
+
+    clean: list[int]
+    corrupted: list[int]
+    target: int
+    corrupted_target: int | None
+    query: int
+    target_tokens: int  # how many tokens the target text had (only the first is scored)
+
+
+def _token_ids(value: Any, line: int, what: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, Integral) and not isinstance(v, bool) for v in value):
+        raise HeadLabError(f"probe file line {line}: {what} must be a list of token ids (whole numbers).")
+    if not value:
+        raise HeadLabError(f"probe file line {line}: {what} is empty; give the prompt's tokens.")
+    if min(value) < 0:
+        raise HeadLabError(f"probe file line {line}: {what} holds a negative token id.")
+    return tuple(int(v) for v in value)
+
+
+def _prompt(value: Any, line: int, what: str) -> Prompt:
+    if isinstance(value, str):
+        if not value:
+            raise HeadLabError(f"probe file line {line}: the {what} is empty; every example needs a prompt.")
+        return value
+    return _token_ids(value, line, what)
+
+
+def _target(value: Any, line: int, what: str) -> Target:
+    if isinstance(value, str):
+        if not value:
+            raise HeadLabError(f"probe file line {line}: the {what} is empty; give the text (or token id) to predict.")
+        return value
+    if isinstance(value, Integral) and not isinstance(value, bool) and int(value) >= 0:
+        return int(value)
+    raise HeadLabError(f"probe file line {line}: the {what} must be text or a token id (a whole number >= 0).")
+
+
+def parse_record(record: Any, line: int) -> ProbeRecord:
+    """One JSON object of a probe file as a ProbeRecord, or HeadLabError naming the line and what to fix."""
+    if not isinstance(record, dict):
+        raise HeadLabError(f"probe file line {line}: expected a JSON object like "
+                           '{"prompt": "...", "target": "..."}.')
+    unknown = sorted(set(record) - set(FIELDS))
+    if unknown:
+        raise HeadLabError(f"probe file line {line}: unknown field(s) {', '.join(unknown)}; use {', '.join(FIELDS)}.")
+    if ("prompt" in record) == ("prompt_ids" in record):
+        raise HeadLabError(f"probe file line {line}: give exactly one of prompt (text) and prompt_ids (token ids).")
+    if "prompt" in record:
+        prompt = _prompt(record["prompt"], line, "prompt")
+    else:
+        prompt = _token_ids(record["prompt_ids"], line, "prompt_ids")
+    if "target" not in record or record["target"] is None:
+        raise HeadLabError(f"probe file line {line}: the target is empty; give the text (or token id) to predict.")
+    corrupted = record.get("corrupted_prompt")
+    corrupted_target = record.get("corrupted_target")
+    query = record.get("query_pos")
+    if query is not None and (isinstance(query, bool) or not isinstance(query, Integral)):
+        raise HeadLabError(f"probe file line {line}: query_pos must be a whole number (a position in the prompt's tokens).")
+    return ProbeRecord(line, prompt, _target(record["target"], line, "target"),
+                       None if corrupted is None else _prompt(corrupted, line, "corrupted_prompt"),
+                       None if corrupted_target is None else _target(corrupted_target, line, "corrupted_target"),
+                       None if query is None else int(query))
+
+
+@dataclass(frozen=True)
+class ProbeFile:
+    """The parsed examples of one probe file, its name and its content hash.
+
+    A pair spec for patching (like InductionCounterfactualSpec), except that building needs the
+    model's tokenizer: build(tokenizer, context_length) -> PatchPair. padding: "right" or "left".
+    """
+
+    task: ClassVar[str] = "probe-file"
+    name: str
+    sha256: str
+    records: tuple[ProbeRecord, ...]
+    padding: str = "right"
+
+    def __post_init__(self) -> None:
+        if self.padding not in PADDING_SIDES:
+            raise HeadLabError(f"padding side {self.padding!r} is unknown; use 'right' or 'left'.")
+
+    @property
+    def n_examples(self) -> int:
+        return len(self.records)
+
+    def to_json(self) -> dict:
+        return {"task": self.task, "name": self.name, "sha256": self.sha256, "n_examples": self.n_examples,
+                "padding": self.padding}
+
+    def build(self, tokenizer: Any, context_length: int | None = None) -> PatchPair:
+        """Clean/corrupted pairs for patching; every record needs a corrupted_prompt of the same token length."""
+        missing = [r.line for r in self.records if r.corrupted_prompt is None]
+        if missing:
+            raise HeadLabError(f"probe file {self.name}: line {missing[0]} has no corrupted_prompt ({len(missing)} of "
+                               f"{self.n_examples} lack one); patching compares each prompt with its corrupted twin.")
+        with_target = sum(r.corrupted_target is not None for r in self.records)
+        if 0 < with_target < self.n_examples:
+            line = next(r.line for r in self.records if r.corrupted_target is None)
+            raise HeadLabError(f"probe file {self.name}: line {line} has no corrupted_target but other lines do; give "
+                               "one on every line (the logit difference target - corrupted target) or on none.")
+        encoded = [_encode(r, tokenizer, context_length) for r in self.records]
+        batch, corrupted, mask = _assemble(encoded, tokenizer, self.padding, self._spec(encoded))
+        target = torch.tensor([e.corrupted_target for e in encoded]) if with_target else None
+        return PatchPair(batch, corrupted, target, dict(batch.spec), mask)
+
+    def _spec(self, encoded: list[_Encoded]) -> dict:
+        several = sum(e.target_tokens > 1 for e in encoded)
+        notes = [f"{several} of {len(encoded)} targets have several tokens; the first token of each is scored."] if several else []
+        return {**self.to_json(), "notes": notes}
+
+
+def read_probe_file(source: str | Path | bytes, name: str | None = None, padding: str = "right") -> ProbeFile:
+    """Parse a JSONL probe file (a path, or its bytes as from an upload); blank lines are skipped.
+
+    padding: the side shorter prompts are padded on ("right" or "left").
+    """
+    if isinstance(source, (bytes, bytearray)):
+        data, name = bytes(source), name or "uploaded probe file"
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise HeadLabError(f"probe file {path} does not exist; give the path of a .jsonl file.")
+        data, name = path.read_bytes(), name or path.name
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise HeadLabError(f"probe file {name} is not UTF-8 text; save it as UTF-8 JSON lines.") from None
+    records = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise HeadLabError(f"probe file {name} line {number} is not valid JSON ({exc.msg}); write one JSON "
+                               "object per line.") from None
+        records.append(parse_record(record, number))
+    if not records:
+        raise HeadLabError(f"probe file {name} holds no examples; write one JSON object per line.")
+    return ProbeFile(name, hashlib.sha256(data).hexdigest(), tuple(records), padding)
+
+
+def _ids(prompt: Prompt, tokenizer: Any, special: bool) -> list[int]:
+    return list(prompt) if isinstance(prompt, tuple) else list(tokenizer.encode(prompt, add_special_tokens=special))
+
+
+def _target_id(target: Target, tokenizer: Any, line: int, what: str) -> tuple[int, int]:
+    """(the first token id of the target, how many tokens it has)."""
+    if isinstance(target, int):
+        return target, 1
+    ids = _ids(target, tokenizer, special=False)
+    if not ids:
+        raise HeadLabError(f"probe file line {line}: the {what} {target!r} tokenizes to nothing; give another target.")
+    return int(ids[0]), len(ids)
+
+
+def _encode(record: ProbeRecord, tokenizer: Any, context_length: int | None) -> _Encoded:
+    """One record (with its corrupted prompt) as token ids, checked: query inside the prompt, prompt inside the
+    context, pair lengths equal."""
+    line = record.line
+    clean = _ids(record.prompt, tokenizer, special=True)
+    if context_length is not None and len(clean) > int(context_length):
+        raise HeadLabError(f"probe file line {line}: the prompt is {len(clean)} tokens, longer than the model's context "
+                           f"of {int(context_length)}; shorten it.")
+    query = len(clean) - 1 if record.query_pos is None else record.query_pos
+    if not 0 <= query < len(clean):
+        raise HeadLabError(f"probe file line {line}: query_pos {query} is outside the prompt's {len(clean)} tokens.")
+    if query < MIN_QUERY_POS:
+        raise HeadLabError(f"probe file line {line}: the query is token {query}; HeadLab needs at least "
+                           f"{MIN_QUERY_POS} tokens before it (a longer prompt or a later query_pos).")
+    target, n_target = _target_id(record.target, tokenizer, line, "target")
+    tokens = _ids(record.corrupted_prompt, tokenizer, special=True)
+    if len(tokens) != len(clean):
+        raise HeadLabError(f"probe file line {line}: the prompt is {len(clean)} tokens but the corrupted_prompt "
+                           f"{len(tokens)}; patching needs each pair to have equal token lengths.")
+    other, other_n = None, 1
+    if record.corrupted_target is not None:
+        other, other_n = _target_id(record.corrupted_target, tokenizer, line, "corrupted_target")
+    return _Encoded(clean, tokens, target, other, query, max(n_target, other_n))
+
+
+def _pattern(tokens: list[int], query: int, first: int) -> tuple[int, bool]:
+    """p: the latest j < query - 1 with tokens[j] == tokens[query] (True), else the first real token (False)."""
+    for j in range(query - 2, -1, -1):
+        if tokens[j] == tokens[query]:
+            return j, True
+    return first, False
+
+
+def _pad_id(tokenizer: Any) -> int:
+    for name in ("pad_token_id", "eos_token_id"):
+        value = getattr(tokenizer, name, None)
+        if value is not None:
+            return int(value)
+    return 0
+
+
+def _assemble(encoded: list[_Encoded], tokenizer: Any, padding: str,
+              spec: dict) -> tuple[ProbeBatch, torch.Tensor, torch.Tensor]:
+    """Pad every example to the longest: (clean batch, corrupted tokens [example, pos], attention_mask [example, pos])."""
+    n, seq_len = len(encoded), max(len(e.clean) for e in encoded)
+    pad = _pad_id(tokenizer)
+    clean = torch.full((n, seq_len), pad, dtype=torch.long)
+    corrupted = torch.full((n, seq_len), pad, dtype=torch.long)
+    mask = torch.zeros((n, seq_len), dtype=torch.long)
+    query, dup, found = [], [], []
+    for i, e in enumerate(encoded):
+        start = 0 if padding == "right" else seq_len - len(e.clean)
+        stop = start + len(e.clean)
+        clean[i, start:stop] = torch.tensor(e.clean)
+        corrupted[i, start:stop] = torch.tensor(e.corrupted)
+        mask[i, start:stop] = 1
+        p, ok = _pattern(e.clean, e.query, 0)
+        query.append(start + e.query)
+        dup.append(start + p)
+        found.append(ok)
+    dup_t = torch.tensor(dup)
+    spec = {**spec, "pattern_found": found,
+            "pattern_positions": "p = latest earlier occurrence of the query token (p + 1 < q); where there is "
+                                 "none (pattern_found False) p is the first real token, a stand-in"}
+    batch = ProbeBatch(tokens=clean, query_pos=torch.tensor(query), target=torch.tensor([e.target for e in encoded]),
+                       induction_pos=dup_t + 1, duplicate_pos=dup_t, spec=spec)
+    return batch, corrupted, mask
