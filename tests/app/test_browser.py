@@ -47,9 +47,21 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+class ServerURL(str):
+    """The app's base URL, and the process id of the `streamlit run` serving it."""
+
+    pid: int
+
+    def __new__(cls, url: str, pid: int) -> "ServerURL":
+        made = super().__new__(cls, url)
+        made.pid = pid
+        return made
+
+
 @pytest.fixture(scope="module")
 def server(quick_zoo):
-    """The app served by `streamlit run` against the test HEADLAB_HOME; yields its base URL."""
+    """The app served by `streamlit run` with the project's .streamlit/config.toml against the test
+    HEADLAB_HOME, as `make app` serves it; yields its base URL (a ServerURL)."""
     if not CHROMIUM.exists():
         pytest.skip("the browser test drives Debian's chromium at /usr/bin/chromium, which is not installed "
                     "(`make test` installs it as root; it is never downloaded)")
@@ -59,7 +71,7 @@ def server(quick_zoo):
     log = open(SHOTS.parent / "streamlit-server.log", "wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
-         "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
+         "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
         cwd=REPO, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
@@ -75,7 +87,7 @@ def server(quick_zoo):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"streamlit did not start; see {log.name}")
             time.sleep(0.5)
-        yield url
+        yield ServerURL(url, proc.pid)
     finally:
         proc.terminate()
         try:
@@ -140,6 +152,20 @@ def test_every_page_in_the_browser(server, page, path, title, name):
     assert page.locator(".js-plotly-plot").count() >= 1
     shot = screenshot(page, f"{name}")
     assert shot.stat().st_size > 10_000
+
+
+def test_an_idle_page_costs_the_server_no_cpu(server, page):
+    """With a page open and nothing happening, the server sleeps: no file-watcher loop (it once burnt
+    40% of a core reconciling an overflowed inotify queue over .venv), no polling."""
+    import psutil
+
+    page.goto(f"{server}/?{QUERY}")
+    wait_until_idle(page, "Models & training")
+    process = psutil.Process(server.pid)
+    before = sum(process.cpu_times()[:2])
+    page.wait_for_timeout(10_000)
+    used = sum(process.cpu_times()[:2]) - before
+    assert used < 0.5, f"the idle app used {used:.2f} s of CPU in 10 s (more than 5% of a core)"
 
 
 def test_ablation_lab_box_select_run_and_verdict(server, page):
