@@ -34,9 +34,8 @@ def torch_threads_restored():
 @pytest.fixture(scope="session")
 def quick_zoo() -> Path:
     """The zoo folder holding the trained quick preset (trained here unless HEADLAB_TEST_ZOO is set)."""
-    from core.executor import RayExecutor
+    from core.zoo.presets import train_zoo
     from core.workspace import zoo_dir
-    from core.zoo.presets import ZOO_PRESETS, train_zoo
 
     reuse = os.environ.get("HEADLAB_TEST_ZOO")
     target = zoo_dir()
@@ -45,18 +44,7 @@ def quick_zoo() -> Path:
         for model_dir in source.iterdir():
             if not (target / model_dir.name).exists():
                 shutil.copytree(model_dir, target / model_dir.name)
-    if all((target / name / "manifest.json").is_file() for name, _, _ in ZOO_PRESETS["quick"]):
-        train_zoo("quick", progress=False)  # reads the records; trains nothing
-    else:
-        # Two models at a time on a local 2-CPU Ray instance, one torch thread each: about half the wall
-        # time of one after another, and the same weights whatever the machine's load (the serial path
-        # picks its thread count from a load sample).
-        import ray  # only a fresh zoo needs it
-
-        try:
-            train_zoo("quick", progress=False, executor=RayExecutor(num_cpus=2), threads_per_model=1)
-        finally:
-            ray.shutdown()
+    train_zoo("quick", progress=False)
     return target
 
 
