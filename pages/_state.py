@@ -140,7 +140,8 @@ def url_fallback(key: str, value: Any, problem: str, used: str) -> None:
     """A value the link set that this model cannot take (a checkpoint it lacks, a head outside it): say so
     once, where the caller draws, and in the sidebar for the rest of the session. Silent when the value
     did not come from the link (e.g. the revision of the model chosen before)."""
-    if st.session_state.get(_FROM_URL, {}).pop(key, None) != value:
+    from_url = st.session_state.get(_FROM_URL, {})
+    if key not in from_url or from_url.pop(key) != value:  # None is no link value: a first visit has no revision
         return
     note = f"{key}={value!r} {problem}, so {used} is used"
     st.session_state.setdefault(_URL_NOTES, []).append(note)

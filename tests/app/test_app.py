@@ -127,6 +127,7 @@ def test_app_opens_on_the_induction_model_and_screens_the_duplicate_model(quick_
     at.query_params["n"] = str(N)
     at.run()
     assert at.session_state["model"] == MODEL  # not the alphabetically first zoo model
+    assert [w.value for w in at.warning] == []  # a link without a revision is not "revision=None" (a bug once)
     at = open_page(make_app("duplicate-neox"), "screen")
     next(r for r in at.radio if r.label == "Pattern").set_value("duplicate-token")
     at.run()
