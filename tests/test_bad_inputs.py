@@ -365,6 +365,14 @@ def test_app_warns_about_a_garbage_link_and_refuses_a_folder_that_is_not_a_model
     assert "n=-5 is outside 8..4096, so the default 256 is used" in warning
     assert any("/etc is not a model checkpoint" in e.value for e in at.error)
     assert not any("delete" in e.value for e in at.error)
+    at = AppTest.from_file(str(REPO / "app.py"), default_timeout=120)
+    at.query_params["model"] = "../../etc"  # a path out of the zoo: a clear error on every page
+    at.run()
+    for page in sorted(path.stem for path in (REPO / "pages").glob("[!_]*.py")):
+        at.switch_page(f"pages/{page}.py")
+        at.run()
+        assert not at.exception, (page, at.exception)
+        assert any("/etc is not a model checkpoint" in e.value for e in at.error), (page, [e.value for e in at.error])
 
 
 def test_project_streamlit_config_turns_the_file_watcher_off():
