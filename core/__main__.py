@@ -8,6 +8,7 @@ Each command is a module of core/cli/ (core/bench/ for benchmarks) with a pair
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -51,6 +52,10 @@ BENCHES: dict[str, tuple[ModuleType, str, str]] = {
     "sweep": (bench_sweep, "bench_sweep", "probe over every checkpoint of two zoo models: serial vs Ray, one and two nodes"),
     "patch": (bench_patch, "bench_patch", "attribution vs activation patching over every head of a zoo model"),
 }
+
+
+# the errors of a write that the machine, not the command, refused
+WRITE_FAILURES = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
 
 
 def _add_json_flag(parser: argparse.ArgumentParser) -> None:
@@ -103,6 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; finished work is kept and a rerun resumes from it.", file=sys.stderr)
         return 130
+    except OSError as exc:  # the disk filled or turned read-only mid-run (a write HeadLab did not wrap itself)
+        if exc.errno not in WRITE_FAILURES:
+            raise
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"error: {exc.strerror}{where}; free some space or choose a writable place, and rerun: every file "
+              "is written whole or not at all, and finished work is reused.", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -262,6 +262,21 @@ def test_cache_write_failures_are_one_error_naming_the_cache_and_leave_nothing(h
     assert not entry_path(key).exists() and _leftovers(key) == []
 
 
+def test_a_full_disk_while_figures_are_exported_is_one_line_and_leaves_no_file(home, monkeypatch, capsys, tmp_path):
+    import core.figures.bundle
+
+    def full(path, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(core.figures.bundle, "atomic_write_bytes", full)
+    out = tmp_path / "figs"
+    status, err = run_cli(["export", MODEL, "--figure", "ablation", "--heads", "L1H0", "--controls", "3", "--n", "8",
+                           "--seq-len", "16", "--formats", "", "--out", out], capsys)
+    line = err.strip().splitlines()[-1]  # after the progress bars
+    assert status == 2 and line.startswith("error: No space left on device (") and "rerun" in line
+    assert not out.exists() or not any(out.iterdir())
+
+
 def test_file_size_limit_mid_write_is_an_error_and_leaves_nothing(home):
     key = _key()
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
