@@ -381,7 +381,8 @@ def test_app_warns_about_a_garbage_link_and_refuses_a_folder_that_is_not_a_model
     assert any("/etc is not a model checkpoint" in e.value for e in at.error)
     assert not any("delete" in e.value for e in at.error)
     at = AppTest.from_file(str(REPO / "app.py"), default_timeout=120)
-    at.query_params["model"] = "../../etc"  # a path out of the zoo: a clear error on every page
+    # a relative path out of the zoo (to /etc from wherever the checkout lies): a clear error on every page
+    at.query_params["model"] = os.path.relpath("/etc")
     at.run()
     for page in sorted(path.stem for path in (REPO / "pages").glob("[!_]*.py")):
         at.switch_page(f"pages/{page}.py")
