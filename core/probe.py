@@ -36,7 +36,7 @@ from core.model.refs import Checkpoint, ModelRef, weights_fingerprint
 from core.results import package_versions
 from core.stats.selectivity import baseline_positions
 from core.store import cache_key, canonical_json, check_writable, load_entry, save_entry
-from core.tasks import PATTERNS, ProbeBatch, ProbeSpec
+from core.tasks import PATTERNS, ProbeBatch, ProbeFile, ProbeSpec
 
 # Bump when what the instrumented pass stores (or how) changes: old cache entries then miss.
 # headstats-2: clean top-k counts tied logits as expected hits under random tie-breaking, and the
@@ -159,9 +159,12 @@ class HeadStats:
 def check_probe_fits(probe: ProbeSpec | ProbeBatch, model_or_config: Any) -> None:
     """Refuse a probe the model cannot read: longer than its context, or tokens outside its vocabulary.
 
-    probe: a spec (checked before any model is loaded) or a built batch (its actual token ids).
+    probe: a spec (checked before any model is loaded) or a built batch (its actual token ids); a probe
+    file passes here (its lengths are known once tokenized: probe_batch_for checks the batch).
     model_or_config: a loaded TransformerBridge, or the model's Hugging Face config (load_config).
     """
+    if isinstance(probe, ProbeFile):
+        return
     if hasattr(model_or_config, "original_model"):  # a loaded bridge
         context, vocab = model_context_length(model_or_config), model_vocab_size(model_or_config)
     else:
@@ -174,6 +177,17 @@ def check_probe_fits(probe: ProbeSpec | ProbeBatch, model_or_config: Any) -> Non
             f"use a probe length T of {context} or less."
         )
     probe.check_vocab(vocab)
+
+
+def probe_batch_for(probe: ProbeSpec | ProbeFile, model: Any) -> ProbeBatch:
+    """The batch `probe` gives on a loaded model, checked to fit it: a spec builds its own; a probe file's
+    clean prompts are tokenized with the model's tokenizer (padded, with the attention mask)."""
+    if isinstance(probe, ProbeFile):
+        batch = probe.build_batch(model.tokenizer, model_context_length(model))
+    else:
+        batch = probe.build()
+    check_probe_fits(batch, model)
+    return batch
 
 
 def _first_tensor(output: Any) -> torch.Tensor:

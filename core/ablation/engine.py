@@ -323,6 +323,11 @@ def _condition_logits(model: Any, rec: _Recorder, chunk: Sequence[Ablation], sta
         return _run_tail(model, rec, first, resid, rows, index, reps, query[:n_rows].repeat(reps), last_mlp_at_query)
 
 
+def _masked(mask: torch.Tensor | None) -> dict:
+    """The forward's keyword arguments for an attention mask [row, pos] (none when nothing is padded)."""
+    return {} if mask is None else {"attention_mask": mask}
+
+
 def _differs(got: torch.Tensor, want: torch.Tensor, model: Any) -> bool:
     """Whether two logit tensors differ by more than the replay tolerance (relative to want's scale)."""
     scale = 1.0 + float(want.abs().max())
@@ -356,7 +361,8 @@ def stream_conditions(
 ) -> Iterator[tuple[int | None, ConditionMetrics]]:
     """The clean run and every condition's per-example metrics at the query position, as each finishes.
 
-    batch: has tokens [example, pos], query_pos [example], target [example] (a ProbeBatch).
+    batch: has tokens [example, pos], query_pos [example], target [example] and attention_mask (a
+    ProbeBatch; a padded one's mask goes into every forward and its statistics average real tokens only).
     Yields (None, clean) first, then (i, metrics of conditions[i]) once per condition; condition 0
     comes first (a study's candidate: what a reader waits for), the others in the engine's order.
     chunk_size: conditions stacked into one forward (default: 1 on the CPU, memory-sized on CUDA).
@@ -379,6 +385,7 @@ def stream_conditions(
         ablation.validate(n_layers, n_heads)
     device = torch.device(device) if device is not None else model_device(model)
     tokens_all = batch.tokens
+    mask_all = getattr(batch, "attention_mask", None)  # [example, pos] or None
     query_all = batch.query_pos.to(device)
     target_all = batch.target.to(device)
     n, seq_len = int(tokens_all.shape[0]), int(tokens_all.shape[1])
@@ -413,17 +420,18 @@ def stream_conditions(
             raise AblationCancelled("the ablation run was cancelled; start it again to get results.")
 
     with lean_forward(model):  # one layer's activations alive at a time: what the example batch assumes
-        stats = compute_replacements(model, tokens_all, conditions, batch_size=ex_size)
+        stats = compute_replacements(model, tokens_all, conditions, batch_size=ex_size, attention_mask=mask_all)
 
         for c_index, (lo, hi) in enumerate(example_chunks):
             check_cancel()
             tokens = tokens_all[lo:hi].to(device)
+            mask = None if mask_all is None else mask_all[lo:hi].to(device)
             query, target = query_all[lo:hi], target_all[lo:hi]
             rows = hi - lo
             keep = starts + [start + 1 for start in shortcut_starts]
             recorder = _Recorder(model, first_start if use_prefix else n_layers, keep, shortcut_starts if use_prefix else (), lo)
             with recorder as rec:
-                logits = model(tokens)  # [row, pos, vocab]
+                logits = model(tokens, **_masked(mask))  # [row, pos, vocab]; the blocks' recorded kwargs carry the mask
             clean_q = logits[torch.arange(rows, device=device), query]  # [row, vocab]
             del logits
             clean_parts.append(query_metrics(clean_q, target))
@@ -476,7 +484,8 @@ def stream_conditions(
                     else:
                         hooks = ablation_hooks(model, chunk, (lo, hi), stats) if not all(a.is_empty for a in chunk) else []
                         query_rep = query.repeat(reps)
-                        out = model.run_with_hooks(tokens.repeat(reps, 1), fwd_hooks=hooks)
+                        masks = _masked(None if mask is None else mask.repeat(reps, 1))
+                        out = model.run_with_hooks(tokens.repeat(reps, 1), fwd_hooks=hooks, **masks)
                         out_q = out[torch.arange(rows * reps, device=device), query_rep]
                         del out
                     metrics = query_metrics(out_q, target.repeat(reps))

@@ -22,6 +22,11 @@ act = [head, d_head] at hook_z and [d_model] at an MLP output, the statistics ar
 
 Replacements are clean-run values: a donor's activation is its clean one even when an earlier
 layer is ablated too, so the prefix path and full forwards write the same numbers.
+
+Padded batches (a probe file's prompts of different lengths, with an attention mask): the means and
+token tables average real tokens only, and a position no example fills gets zeros; resample reads
+the donor at the same position index, which on prompts of different lengths may be the donor's
+padding. What is written at padding positions reaches no real token (the mask hides them).
 """
 
 from __future__ import annotations
@@ -111,11 +116,12 @@ def replaced_hook_names(model: Any, ablation: Ablation) -> list[str]:
 
 @torch.no_grad()
 def compute_replacements(model: Any, tokens: torch.Tensor, ablations: Ablation | Iterable[Ablation],
-                         batch_size: int | None = None) -> Replacements:
+                         batch_size: int | None = None, attention_mask: torch.Tensor | None = None) -> Replacements:
     """The clean statistics every ablation in `ablations` writes, in one pass over tokens [example, pos].
 
     For sequence tasks pass the evaluation set. batch_size: examples per forward (default: as many as
-    fit in the free memory).
+    fit in the free memory). attention_mask: [example, pos] (1 real, 0 padding) of a padded batch; the
+    statistics then average real tokens only.
     """
     ablations = [ablations] if isinstance(ablations, Ablation) else list(ablations)
     needs: dict[str, set[str]] = {}  # hook name -> statistics
@@ -125,6 +131,7 @@ def compute_replacements(model: Any, tokens: torch.Tensor, ablations: Ablation |
                 needs.setdefault(name, set()).add(STATISTIC[ablation.mode])
     device = model_device(model)
     n, seq_len = int(tokens.shape[0]), int(tokens.shape[1])
+    real = (torch.ones(n, seq_len) if attention_mask is None else attention_mask.float()).to(device)  # [example, pos]
     out = Replacements()
     for seed in sorted({a.seed for a in ablations if a.mode == "resample"}):
         out.donors[seed] = torch.as_tensor(derangement(n, seed), device=device)
@@ -143,17 +150,19 @@ def compute_replacements(model: Any, tokens: torch.Tensor, ablations: Ablation |
 
     def accumulate(act: torch.Tensor, name: str) -> None:
         act = act.detach().float()  # [row, pos, *act]
+        weight = real[where["lo"] : where["lo"] + act.shape[0]]  # [row, pos]: 1 real, 0 padding
+        counted = act * weight.view(*weight.shape, *([1] * (act.ndim - 2)))  # padding adds nothing to the sums
         for stat in needs[name]:
             if stat == "mean":
-                add((stat, name), act.sum(dim=(0, 1)))
+                add((stat, name), counted.sum(dim=(0, 1)))
             elif stat == "position":
-                add((stat, name), act.sum(dim=0))
+                add((stat, name), counted.sum(dim=0))
             elif stat == "donor":
                 kept.setdefault(name, []).append(act)
             else:
                 rows = out.token_index[where["lo"] : where["lo"] + act.shape[0]].reshape(-1)  # [row*pos]
                 table = torch.zeros(len(distinct), *act.shape[2:], device=act.device)
-                add((stat, name), table.index_add_(0, rows, act.flatten(0, 1)))
+                add((stat, name), table.index_add_(0, rows, counted.flatten(0, 1)))
 
     size = int(batch_size or chunk_size_for(forward_bytes(ForwardShape.of_model(model), seq_len, logit_rows=seq_len), n,
                                             memory_budget(device), "the ablation statistics' clean forward"))
@@ -161,13 +170,16 @@ def compute_replacements(model: Any, tokens: torch.Tensor, ablations: Ablation |
     with lean_forward(model):
         for start in range(0, n, size):
             where["lo"] = start
-            model.run_with_hooks(tokens[start : start + size].to(device), fwd_hooks=hooks)
-    counts = None if out.token_index is None else torch.bincount(out.token_index.reshape(-1), minlength=len(distinct))
+            mask = {} if attention_mask is None else {"attention_mask": attention_mask[start : start + size].to(device)}
+            model.run_with_hooks(tokens[start : start + size].to(device), fwd_hooks=hooks, **mask)
+    # how many real tokens each statistic averages (at least 1: a padding-only position or token gets zeros)
+    counts = None if out.token_index is None else torch.bincount(
+        out.token_index.reshape(-1), weights=real.reshape(-1), minlength=len(distinct)).clamp(min=1)
     for (stat, name), total in sums.items():
         if stat == "mean":
-            out.values[(stat, name)] = total / (n * seq_len)
+            out.values[(stat, name)] = total / real.sum()
         elif stat == "position":
-            out.values[(stat, name)] = total / n
+            out.values[(stat, name)] = total / real.sum(dim=0).clamp(min=1).view(-1, *([1] * (total.ndim - 1)))
         else:
             out.values[(stat, name)] = total / counts.view(-1, *([1] * (total.ndim - 1))).float()
     for name, parts in kept.items():

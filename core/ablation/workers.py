@@ -27,6 +27,8 @@ from core.executor import Executor, SweepFailed, WorkerPool
 from core.heads import HeadSet
 from core.model.loading import DEFAULT_DTYPE, dtype_name, load_model
 from core.model.refs import ModelRef
+from core.probe import probe_batch_for
+from core.tasks.probe_file import ProbeFile
 from core.tasks.specs import ProbeSpec, spec_from_json
 
 CLEAN_RUN_COST = 3  # one clean run costs about this many conditions (3.4 measured on the quick zoo, 1 thread)
@@ -36,7 +38,8 @@ NOTHING_STORED = "Nothing was stored: fix the cause and run the study again."  #
 @dataclass(frozen=True)
 class AblationJob:
     """One call to a worker: `conditions` on checkpoint ref@revision in dtype, on the probe spec_json
-    (canonical JSON of a ProbeSpec). Small: it travels through Ray's object store."""
+    (canonical JSON of a ProbeSpec or a ProbeFile). Small: it travels through Ray's object store; a probe
+    file's parsed records travel with it (probe_file), since a worker cannot rebuild them from a hash."""
 
     ref: ModelRef
     revision: str
@@ -44,6 +47,7 @@ class AblationJob:
     spec_json: str
     conditions: tuple[Ablation, ...] = ()
     chunk_size: int | None = None
+    probe_file: ProbeFile | None = None
 
 
 class AblationWorker:
@@ -61,7 +65,8 @@ class AblationWorker:
             self.model = load_model(job.ref, job.revision, self.device, job.dtype)
             self.loaded = (job.ref, job.revision, job.dtype)
         if job.spec_json not in self.batches:
-            self.batches = {job.spec_json: spec_from_json(job.spec_json).build()}
+            probe = job.probe_file if job.probe_file is not None else spec_from_json(job.spec_json)
+            self.batches = {job.spec_json: probe_batch_for(probe, self.model)}
         return self.model, self.batches[job.spec_json]
 
     def describe(self, job: AblationJob) -> dict:
@@ -86,8 +91,9 @@ def ablation_workers(executor: Executor, n: int | None = None, device: str = "cp
     return executor.workers(AblationWorker, (device,), n, num_cpus=num_cpus, threads=threads)
 
 
-def _job(ref: ModelRef, revision: str, spec: ProbeSpec, dtype: str) -> AblationJob:
-    return AblationJob(ref, revision, dtype_name(dtype), json.dumps(spec.to_json(), sort_keys=True))
+def _job(ref: ModelRef, revision: str, spec: ProbeSpec | ProbeFile, dtype: str) -> AblationJob:
+    return AblationJob(ref, revision, dtype_name(dtype), json.dumps(spec.to_json(), sort_keys=True),
+                       probe_file=spec if isinstance(spec, ProbeFile) else None)
 
 
 def _describe(workers: WorkerPool, key: AblationJob) -> dict:
@@ -98,7 +104,7 @@ def _describe(workers: WorkerPool, key: AblationJob) -> dict:
         raise SweepFailed(error.failures, 1, NOTHING_STORED) from error
 
 
-def warm_workers(workers: WorkerPool, ref: ModelRef, revision: str, spec: ProbeSpec, dtype: str = DEFAULT_DTYPE) -> None:
+def warm_workers(workers: WorkerPool, ref: ModelRef, revision: str, spec: ProbeSpec | ProbeFile, dtype: str = DEFAULT_DTYPE) -> None:
     """Load the checkpoint and build the probe batch in every worker (idle workers each take one call)."""
     for _ in workers.map("describe", [_job(ref, revision, spec, dtype)] * workers.size):
         pass
@@ -123,7 +129,7 @@ def ablation_study_on(
     workers: WorkerPool,
     ref: ModelRef,
     revision: str,
-    spec: ProbeSpec,
+    spec: ProbeSpec | ProbeFile,
     selection: HeadSet,
     settings: AblationSettings = AblationSettings(),
     *,

@@ -9,7 +9,7 @@ import numpy as np
 from tqdm import tqdm
 
 from core.ablation.patching import PATCH_METRICS, PatchSettings
-from core.cli.probe import add_probe_spec_arguments, probe_spec_from_args
+from core.cli.probe import add_probe_file_arguments, add_probe_spec_arguments, probe_spec_from_args
 from core.errors import HeadLabError
 from core.heads import HeadSet, head_name, parse_heads
 from core.model.loading import load_config
@@ -19,7 +19,7 @@ from core.stats.controls import CONTROL_KINDS
 from core.stats.inference import format_z
 from core.stats.patching import DIRECTIONS
 from core.tasks.counterfactual import InductionCounterfactualSpec
-from core.tasks.probe_file import PADDING_SIDES, read_probe_file
+from core.tasks.probe_file import read_probe_file
 
 
 def add_patch_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,11 +44,7 @@ def add_patch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-attribution", action="store_true", help="skip attribution patching")
     parser.add_argument("--corrupt-seed", type=int, default=0, help="seed of the corrupted earlier A (default 0)")
     parser.add_argument("--batch-size", type=int, default=None, help="examples per forward (default: as many as fit)")
-    parser.add_argument("--probe-file", default=None,
-                        help="JSONL of your own clean/corrupted pairs instead of the induction counterfactual (one "
-                             "record per line: prompt, target, corrupted_prompt, optional corrupted_target, query_pos)")
-    parser.add_argument("--padding", choices=PADDING_SIDES, default="right",
-                        help="with --probe-file: the side shorter prompts are padded on (default right)")
+    add_probe_file_arguments(parser, "prompt, target, corrupted_prompt, optional corrupted_target, query_pos")
     add_probe_spec_arguments(parser)
 
 

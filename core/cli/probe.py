@@ -16,6 +16,7 @@ from core.model.refs import ModelRef, list_checkpoints, resolve_checkpoint
 from core.pipelines.sweep import SweepItem, probe_sweep
 from core.probe import HEADSTATS_VERSION
 from core.tasks.probe_batch import MAX_SEED, check_seed
+from core.tasks.probe_file import PADDING_SIDES
 from core.tasks.specs import TASKS, ProbeSpec, probe_spec
 
 
@@ -53,6 +54,14 @@ def probe_spec_from_args(args: argparse.Namespace) -> ProbeSpec:
     spec = probe_spec(args.task, args.n, args.seq_len, args.seed, args.token_low, args.token_high)
     check_probe_batch_fits(spec.n_examples, spec.seq_len)
     return spec
+
+
+def add_probe_file_arguments(parser: argparse.ArgumentParser, records: str) -> None:
+    """--probe-file and --padding; records: what one line of the file holds, for the help."""
+    parser.add_argument("--probe-file", default=None,
+                        help=f"JSONL of your own prompts instead of the built-in probe (one record per line: {records})")
+    parser.add_argument("--padding", choices=PADDING_SIDES, default="right",
+                        help="with --probe-file: the side shorter prompts are padded on (default right)")
 
 
 def add_probe_arguments(parser: argparse.ArgumentParser) -> None:

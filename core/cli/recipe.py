@@ -14,15 +14,16 @@ from core.ablation.compare import ablation_under_every_mode
 from core.ablation.spec import PROBE_MODES, mode_help
 from core.ablation.study import AblationSettings, summarize_ablation
 from core.cli.backend import add_backend_arguments, executor_from_args
-from core.cli.probe import add_probe_spec_arguments, probe_spec_from_args, seed_arg
+from core.cli.probe import add_probe_file_arguments, add_probe_spec_arguments, probe_spec_from_args, seed_arg
 from core.heads import parse_heads
 from core.model.loading import load_config, load_model
 from core.model.refs import ModelRef, list_checkpoints, resolve_checkpoint
 from core.pipelines.recipe import ScreenSettings, ablate, run_recipe, screen
-from core.probe import check_probe_fits
+from core.probe import check_probe_fits, probe_batch_for
 from core.stats.inference import format_z
 from core.stats.selectivity import CLASS_THRESHOLD
 from core.stats.spectral import DEFAULT_DEFINITION, DEFAULT_RULE
+from core.tasks import ProbeFile, ProbeSpec, read_probe_file
 
 
 def add_screen_arguments(parser: argparse.ArgumentParser) -> None:
@@ -107,7 +108,15 @@ def add_ablate_arguments(parser: argparse.ArgumentParser) -> None:
                         "is the same under each and the heads whose single-head conclusion flips")
     parser.add_argument("--control-seed", type=seed_arg, default=123, help="control draws and resample's derangement")
     add_probe_spec_arguments(parser)
+    add_probe_file_arguments(parser, "prompt, target, optional query_pos; --task, --n and --seq-len are then not read")
     add_backend_arguments(parser)
+
+
+def _ablation_probe(args: argparse.Namespace) -> ProbeSpec | ProbeFile:
+    """The probe an ablation runs on: the user's probe file when given, else the built-in probe the flags describe."""
+    if args.probe_file is not None:
+        return read_probe_file(args.probe_file, padding=args.padding)
+    return probe_spec_from_args(args)
 
 
 def cli_ablate(args: argparse.Namespace) -> dict:
@@ -121,7 +130,7 @@ def cli_ablate(args: argparse.Namespace) -> dict:
     try:
         settings = AblationSettings(n_controls=args.controls, controls=args.control_kind, mode=args.mode,
                                     seed=args.control_seed)
-        result = ablate(ref, args.revision, selection, probe_spec_from_args(args), settings, args.device, progress,
+        result = ablate(ref, args.revision, selection, _ablation_probe(args), settings, args.device, progress,
                         dtype=args.dtype, executor=executor_from_args(args))
     finally:
         bar.close()
@@ -133,11 +142,11 @@ def cli_ablate(args: argparse.Namespace) -> dict:
 
 def _ablate_every_mode(ref: ModelRef, revision: str, config, selection, args: argparse.Namespace) -> dict:
     """`ablate --mode all`: the study under every probe mode, in this process (core/ablation/compare.py)."""
-    spec = probe_spec_from_args(args)
+    spec = _ablation_probe(args)
     check_probe_fits(spec, config)
     model = load_model(ref, revision, device=args.device, dtype=args.dtype)
     settings = AblationSettings(n_controls=args.controls, controls=args.control_kind, seed=args.control_seed)
-    out = ablation_under_every_mode(model, spec.build(), selection, settings, device=args.device,
+    out = ablation_under_every_mode(model, probe_batch_for(spec, model), selection, settings, device=args.device,
                                     say=lambda text: print(f"... {text}"))
     for mode in out["modes"]:
         print(f"{mode:18s} " + "  ".join(f"{name}: {label}" for name, label in out["verdicts"][mode].items()))

@@ -22,11 +22,11 @@ from core.heads import HeadSet, head_name
 from core.model.loading import DEFAULT_DTYPE, load_config, load_model
 from core.model.refs import Checkpoint, ModelRef, list_checkpoints, resolve_checkpoint
 from core.pipelines.sweep import SweepItem, probe_sweep
-from core.probe import HeadStats, check_probe_fits, head_stats
+from core.probe import HeadStats, check_probe_fits, head_stats, probe_batch_for
 from core.results import JsonResult
 from core.stats.selectivity import BASELINE_KINDS, CLASS_THRESHOLD, INDUCTION_THRESHOLD, ScreenResult, selectivity
 from core.stats.spectral import DEFAULT_DEFINITION, DEFAULT_RULE, PR_DEFINITIONS, SpectralResult, pr_per_head
-from core.tasks import ProbeSpec
+from core.tasks import ProbeFile, ProbeSpec
 
 REFERENCE_PROBE_LENGTH = 256
 
@@ -207,12 +207,13 @@ def screen(ref: ModelRef, spec: ProbeSpec, settings: ScreenSettings = ScreenSett
 # Step 3: group ablation, and the recipe end to end
 
 
-def ablate(ref: ModelRef, revision: Optional[str], selection: HeadSet, spec: ProbeSpec,
+def ablate(ref: ModelRef, revision: Optional[str], selection: HeadSet, spec: ProbeSpec | ProbeFile,
            settings: AblationSettings = AblationSettings(), device: str = "cpu",
            progress: Optional[Callable[[int, int], None]] = None, model: Any = None, dtype: str = DEFAULT_DTYPE,
            executor: Optional[Executor] = None):
     """Group ablation of `selection` at one checkpoint against controls and the upper bound.
 
+    spec: a probe spec, or a probe file (its prompts, tokenized by the model's tokenizer, are the examples).
     model: the loaded checkpoint, if the caller has it; else it is loaded on `device` in `dtype`.
     executor: when given (and not serial), the conditions fan out over its workers, each holding the
     checkpoint (core/ablation/workers.py); the numbers equal the in-process study's at the same threads.
@@ -229,7 +230,7 @@ def ablate(ref: ModelRef, revision: Optional[str], selection: HeadSet, spec: Pro
         result.provenance.update({"model": ref.name, "revision": checkpoint.revision, "tokens": checkpoint.tokens})
         return result
     loaded = model if model is not None else load_model(ref, checkpoint.revision, device=device, dtype=dtype)
-    result = ablation_study(loaded, spec.build(), selection, settings, device=device, progress=progress)
+    result = ablation_study(loaded, probe_batch_for(spec, loaded), selection, settings, device=device, progress=progress)
     result.provenance.update({"model": ref.name, "revision": checkpoint.revision, "tokens": checkpoint.tokens})
     return result
 

@@ -30,15 +30,14 @@ class PatchPair:
     corrupted_target: [example] long, the answer the corrupted prompt points to; None when the pair
                       keeps the clean target (then the logit difference is the target logit alone)
     spec:             provenance (task, probe spec, corruption seed, ...), JSON-serialisable
-    attention_mask:   [example, pos] long, 1 at real tokens and 0 at padding, shared by both sides (a
-                      pair has equal token lengths, so equal padding); None when nothing is padded
+
+    The clean batch's attention_mask serves both sides (a pair has equal token lengths, so equal padding).
     """
 
     clean: ProbeBatch
     corrupted_tokens: torch.Tensor
     corrupted_target: torch.Tensor | None = None
     spec: dict = field(default_factory=dict)
-    attention_mask: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.clean, ProbeBatch):
@@ -59,10 +58,11 @@ class PatchPair:
             )
         if not isinstance(self.spec, dict):
             raise HeadLabError("PatchPair.spec must be a dict describing how the pair was made.")
-        mask = self.attention_mask
-        if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dtype != torch.long
-                                 or tuple(mask.shape) != tuple(tokens.shape)):
-            raise HeadLabError(f"PatchPair.attention_mask must be a torch.long tensor of shape {tuple(tokens.shape)}, or None.")
+
+    @property
+    def attention_mask(self) -> torch.Tensor | None:
+        """[example, pos] long (1 real, 0 padding) for both sides, or None when nothing is padded."""
+        return self.clean.attention_mask
 
     @property
     def n_examples(self) -> int:
@@ -85,8 +85,7 @@ class PatchPair:
     def select(self, index: slice | torch.Tensor) -> "PatchPair":
         """The pairs picked by `index` (a slice or a long/bool tensor); spec is kept."""
         target = None if self.corrupted_target is None else self.corrupted_target[index]
-        mask = None if self.attention_mask is None else self.attention_mask[index]
-        return PatchPair(self.clean.select(index), self.corrupted_tokens[index], target, dict(self.spec), mask)
+        return PatchPair(self.clean.select(index), self.corrupted_tokens[index], target, dict(self.spec))
 
     def chunks(self, size: int) -> Iterator["PatchPair"]:
         """Consecutive sub-pairs of at most `size` examples, in order (for memory-bounded passes)."""
@@ -97,8 +96,7 @@ class PatchPair:
 
     def to(self, device: str | torch.device) -> "PatchPair":
         target = None if self.corrupted_target is None else self.corrupted_target.to(device)
-        mask = None if self.attention_mask is None else self.attention_mask.to(device)
-        return PatchPair(self.clean.to(device), self.corrupted_tokens.to(device), target, dict(self.spec), mask)
+        return PatchPair(self.clean.to(device), self.corrupted_tokens.to(device), target, dict(self.spec))
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,8 @@ class ProbeBatch:
     induction_pos: [example] long, p+1 (the token after the earlier occurrence of tokens[q])
     duplicate_pos: [example] long, p (the earlier occurrence of tokens[q])
     spec:          provenance (task, n, T, seed, token range, ...), JSON-serialisable
+    attention_mask: [example, pos] long, 1 at real tokens and 0 at padding (a probe file's prompts of
+                   different lengths); None when nothing is padded
     """
 
     tokens: torch.Tensor
@@ -52,6 +54,7 @@ class ProbeBatch:
     induction_pos: torch.Tensor
     duplicate_pos: torch.Tensor
     spec: dict = field(default_factory=dict)
+    attention_mask: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         names = ("tokens", "query_pos", "target", "induction_pos", "duplicate_pos")
@@ -83,6 +86,14 @@ class ProbeBatch:
                 "ProbeBatch positions must satisfy 0 <= duplicate_pos, induction_pos = duplicate_pos + 1 < query_pos; "
                 "build batches with core.tasks."
             )
+        mask = self.attention_mask
+        if mask is not None:
+            if not isinstance(mask, torch.Tensor) or mask.dtype != torch.long or tuple(mask.shape) != (n, seq_len):
+                raise HeadLabError(f"ProbeBatch.attention_mask must be a torch.long tensor of shape [{n}, {seq_len}], or None.")
+            if bool(((mask != 0) & (mask != 1)).any()):
+                raise HeadLabError("ProbeBatch.attention_mask holds values other than 0 and 1 (1 real token, 0 padding).")
+            if not bool(mask.gather(1, q[:, None].to(mask.device)).all()):
+                raise HeadLabError("a ProbeBatch query position falls on padding; the query must be a real token.")
 
     @property
     def n_examples(self) -> int:
@@ -135,6 +146,7 @@ class ProbeBatch:
             target=self.target.to(device),
             induction_pos=self.induction_pos.to(device),
             duplicate_pos=self.duplicate_pos.to(device),
+            attention_mask=None if self.attention_mask is None else self.attention_mask.to(device),
         )
 
     def select(self, index: slice | torch.Tensor) -> "ProbeBatch":
@@ -147,6 +159,7 @@ class ProbeBatch:
             induction_pos=self.induction_pos[index],
             duplicate_pos=self.duplicate_pos[index],
             spec=dict(self.spec),
+            attention_mask=None if self.attention_mask is None else self.attention_mask[index],
         )
 
     def chunks(self, size: int) -> Iterator["ProbeBatch"]:

@@ -155,9 +155,14 @@ class ProbeFile:
             raise HeadLabError(f"probe file {self.name}: line {line} has no corrupted_target but other lines do; give "
                                "one on every line (the logit difference target - corrupted target) or on none.")
         encoded = [_encode(r, tokenizer, context_length) for r in self.records]
-        batch, corrupted, mask = _assemble(encoded, tokenizer, self.padding, self._spec(encoded))
+        batch, corrupted = _assemble(encoded, tokenizer, self.padding, self._spec(encoded))
         target = torch.tensor([e.corrupted_target for e in encoded]) if with_target else None
-        return PatchPair(batch, corrupted, target, dict(batch.spec), mask)
+        return PatchPair(batch, corrupted, target, dict(batch.spec))
+
+    def build_batch(self, tokenizer: Any, context_length: int | None = None) -> ProbeBatch:
+        """The clean prompts alone, for ablation (a corrupted_prompt is not needed, nor read)."""
+        encoded = [_encode(r, tokenizer, context_length, pair=False) for r in self.records]
+        return _assemble(encoded, tokenizer, self.padding, self._spec(encoded))[0]
 
     def _spec(self, encoded: list[_Encoded]) -> dict:
         several = sum(e.target_tokens > 1 for e in encoded)
@@ -210,9 +215,10 @@ def _target_id(target: Target, tokenizer: Any, line: int, what: str) -> tuple[in
     return int(ids[0]), len(ids)
 
 
-def _encode(record: ProbeRecord, tokenizer: Any, context_length: int | None) -> _Encoded:
-    """One record (with its corrupted prompt) as token ids, checked: query inside the prompt, prompt inside the
-    context, pair lengths equal."""
+def _encode(record: ProbeRecord, tokenizer: Any, context_length: int | None, pair: bool = True) -> _Encoded:
+    """One record as token ids, checked: query inside the prompt, prompt inside the context, and (pair: with
+    its corrupted prompt, which must have the prompt's token length) pair lengths equal. Without pair the
+    corrupted ids are the clean ones (unread)."""
     line = record.line
     clean = _ids(record.prompt, tokenizer, special=True)
     if context_length is not None and len(clean) > int(context_length):
@@ -225,6 +231,8 @@ def _encode(record: ProbeRecord, tokenizer: Any, context_length: int | None) -> 
         raise HeadLabError(f"probe file line {line}: the query is token {query}; HeadLab needs at least "
                            f"{MIN_QUERY_POS} tokens before it (a longer prompt or a later query_pos).")
     target, n_target = _target_id(record.target, tokenizer, line, "target")
+    if not pair:
+        return _Encoded(clean, clean, target, None, query, n_target)
     tokens = _ids(record.corrupted_prompt, tokenizer, special=True)
     if len(tokens) != len(clean):
         raise HeadLabError(f"probe file line {line}: the prompt is {len(clean)} tokens but the corrupted_prompt "
@@ -252,8 +260,9 @@ def _pad_id(tokenizer: Any) -> int:
 
 
 def _assemble(encoded: list[_Encoded], tokenizer: Any, padding: str,
-              spec: dict) -> tuple[ProbeBatch, torch.Tensor, torch.Tensor]:
-    """Pad every example to the longest: (clean batch, corrupted tokens [example, pos], attention_mask [example, pos])."""
+              spec: dict) -> tuple[ProbeBatch, torch.Tensor]:
+    """Pad every example to the longest: (clean batch, corrupted tokens [example, pos]); the batch carries the
+    attention mask when anything is padded."""
     n, seq_len = len(encoded), max(len(e.clean) for e in encoded)
     pad = _pad_id(tokenizer)
     clean = torch.full((n, seq_len), pad, dtype=torch.long)
@@ -275,5 +284,6 @@ def _assemble(encoded: list[_Encoded], tokenizer: Any, padding: str,
             "pattern_positions": "p = latest earlier occurrence of the query token (p + 1 < q); where there is "
                                  "none (pattern_found False) p is the first real token, a stand-in"}
     batch = ProbeBatch(tokens=clean, query_pos=torch.tensor(query), target=torch.tensor([e.target for e in encoded]),
-                       induction_pos=dup_t + 1, duplicate_pos=dup_t, spec=spec)
-    return batch, corrupted, mask
+                       induction_pos=dup_t + 1, duplicate_pos=dup_t, spec=spec,
+                       attention_mask=None if bool(mask.all()) else mask)
+    return batch, corrupted
