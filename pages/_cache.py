@@ -40,8 +40,9 @@ from core.pipelines.patching import PatchingReport, PatchPlan, patch_loaded
 from core.pipelines.proposers import DISPOSER, proposers_vs_disposer
 from core.pipelines.recipe import ScreenSettings, screen, screen_checkpoint
 from core.pipelines.sweep import SweepItem, probe_sweep
-from core.probe import check_probe_fits, full_attention_pattern, head_stats
+from core.probe import check_probe_fits, full_attention_pattern, head_stats, probe_batch_for
 from core.store import canonical_json
+from core.tasks.probe_file import ProbeFile
 from core.tasks.specs import spec_from_json
 from core.workspace import zoo_dir
 from pages._state import Workspace
@@ -209,13 +210,21 @@ def _store(key: tuple, value: Any) -> Any:
     return value
 
 
-def _ablation_key(ws: Workspace, selection: HeadSet, settings: AblationSettings) -> tuple:
-    return ("ablation", ws.model_name, ws.revision, ws.spec_json, ws.stamp, ws.dtype, str(selection), settings)
+def _probe_json(ws: Workspace, probe_file: ProbeFile | None) -> str:
+    """The lab's probe as canonical JSON: the workspace spec's, or the probe file's (its SHA-256 included)."""
+    return ws.spec_json if probe_file is None else canonical_json(probe_file.to_json())
 
 
-def stored_ablation(ws: Workspace, selection: HeadSet, settings: AblationSettings) -> dict | None:
-    """An ablation study already run: {"result", "seconds", "model", "revision", "probe"}, or None."""
-    return _stored(_ablation_key(ws, selection, settings))
+def _ablation_key(ws: Workspace, selection: HeadSet, settings: AblationSettings, probe_file: ProbeFile | None) -> tuple:
+    return ("ablation", ws.model_name, ws.revision, _probe_json(ws, probe_file), ws.stamp, ws.dtype, str(selection),
+            settings)
+
+
+def stored_ablation(ws: Workspace, selection: HeadSet, settings: AblationSettings,
+                    probe_file: ProbeFile | None = None) -> dict | None:
+    """An ablation study already run: {"result", "seconds", "model", "revision", "probe", "batch"}, or None.
+    probe_file: the study ran on its prompts (else on the workspace probe)."""
+    return _stored(_ablation_key(ws, selection, settings, probe_file))
 
 
 def _executor_for_the_server(backend: str) -> Executor:
@@ -253,14 +262,14 @@ def cached_ablation_workers(backend: str) -> WorkerPool:
     return ablation_workers(_executor_for_the_server(backend), num_cpus=0)
 
 
-def prepare_ablation(ws: Workspace) -> None:
-    """On the Ray backend: start the workers and have each load the workspace checkpoint before the
-    click (a few milliseconds when they hold it already)."""
+def prepare_ablation(ws: Workspace, probe_file: ProbeFile | None = None) -> None:
+    """On the Ray backend: start the workers and have each load the workspace checkpoint (and build the
+    probe: the workspace's, or probe_file's prompts) before the click (a few milliseconds when they hold it already)."""
     if ws.backend == "serial":
         return
     workers = cached_ablation_workers(ws.backend)
     with st.spinner("Loading the checkpoint into the Ray workers..."):
-        warm_workers(workers, ws.ref, ws.revision, ws.spec, ws.dtype)
+        warm_workers(workers, ws.ref, ws.revision, ws.spec if probe_file is None else probe_file, ws.dtype)
 
 
 class _Previews:
@@ -294,23 +303,29 @@ class _Previews:
 
 def run_ablation(ws: Workspace, selection: HeadSet, settings: AblationSettings,
                  progress: Callable[[int, int], None] | None = None, cancel: Callable[[], bool] | None = None,
-                 on_preview: Callable[[AblationResult], None] | None = None) -> dict:
+                 on_preview: Callable[[AblationResult], None] | None = None, probe_file: ProbeFile | None = None) -> dict:
     """Run (and store) the ablation study of `selection` on the workspace's backend; AblationCancelled
-    when cancel() says so. on_preview(partial result): see _Previews (core's preview_result: no z yet)."""
+    when cancel() says so. on_preview(partial result): see _Previews (core's preview_result: no z yet).
+    probe_file: ablate on its prompts (tokenized by the model's tokenizer) instead of the workspace probe."""
     live = _Previews(settings, on_preview, progress)
+    if probe_file is None:
+        batch = cached_batch(ws.spec_json)
+    else:  # tokenized here (for the per-example table) and, on Ray, again in each worker from the file's records
+        batch = probe_batch_for(probe_file, cached_model(ws.model_name, ws.revision, ws.stamp, ws.dtype))
     if ws.backend == "serial":
         model = cached_model(ws.model_name, ws.revision, ws.stamp, ws.dtype)
         start = time.perf_counter()
-        result = ablation_study(model, cached_batch(ws.spec_json), selection, settings, progress=live.progress,
+        result = ablation_study(model, batch, selection, settings, progress=live.progress,
                                 cancel=cancel, on_condition=live.condition)
     else:
         workers = cached_ablation_workers(ws.backend)
         start = time.perf_counter()
-        result = ablation_study_on(workers, ws.ref, ws.revision, ws.spec, selection, settings, dtype=ws.dtype,
-                                   progress=live.progress, cancel=cancel, on_condition=live.condition)
+        result = ablation_study_on(workers, ws.ref, ws.revision, ws.spec if probe_file is None else probe_file,
+                                   selection, settings, dtype=ws.dtype, progress=live.progress, cancel=cancel,
+                                   on_condition=live.condition)
     entry = {"result": result, "seconds": time.perf_counter() - start, "model": ws.model_name,
-             "revision": ws.revision, "probe": ws.spec_json}
-    return _store(_ablation_key(ws, selection, settings), entry)
+             "revision": ws.revision, "probe": _probe_json(ws, probe_file), "batch": batch}
+    return _store(_ablation_key(ws, selection, settings, probe_file), entry)
 
 
 def _single_key(ws: Workspace, head: Head) -> tuple:

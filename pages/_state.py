@@ -23,6 +23,7 @@ from core.errors import HeadLabError
 from core.heads import Head, HeadSet, head_name, parse_heads
 from core.model.loading import DEFAULT_DTYPE, DTYPES
 from core.model.refs import Checkpoint, ModelRef
+from core.tasks.probe_file import ProbeFile
 from core.tasks.specs import TASKS, ProbeSpec
 
 # ---------------------------------------------------------------------------------------------
@@ -58,6 +59,9 @@ ABLATION_HEADS = "ablation_heads"  # its copy that survives visits to other page
 HEADS_MODEL = "ablation_heads_model"  # the model those heads were picked on (another model's page clears them)
 HEADS_URL = "heads"  # the ablation lab's heads in a shared link (checked against the model on that page)
 ABLATION_HISTORY = "ablation_history"  # this session's ablation runs, latest first (the inspector reads it)
+PROBE_FILE = "probe_file"  # the probe file last uploaded on the Patching page (a ProbeFile): the lab can ablate on it
+LAB_PROBE = "lab_probe"  # the ablation lab's probe: LAB_ON_WORKSPACE or LAB_ON_FILE
+LAB_ON_WORKSPACE, LAB_ON_FILE = "workspace", "file"
 
 # keys: internal
 WORKSPACE = "_workspace"  # the Workspace app.py's sidebar selected this run (None: none)
@@ -279,14 +283,28 @@ def _readable(spec: ProbeSpec, vocab_size: int) -> bool:
     return True
 
 
+def remember_probe_file(probe_file: ProbeFile) -> None:
+    """Keep the probe file just read (the ablation lab offers its prompts)."""
+    st.session_state[PROBE_FILE] = probe_file
+
+
+def uploaded_probe_file() -> ProbeFile | None:
+    """The probe file last uploaded this session, or None."""
+    return st.session_state.get(PROBE_FILE)
+
+
 def send_to_ablation_lab(heads: Iterable[Head], vocab_size: int | None = None,
-                         token_range: tuple[int, int] | None = None) -> None:
+                         token_range: tuple[int, int] | None = None, probe_file: ProbeFile | None = None) -> None:
     """Button callback: open the ablation lab with `heads` in its head box.
 
     vocab_size, token_range: for a model with a small vocabulary, when the workspace probe is not an
     induction probe the model can read, switch it to the induction probe over token_range [low, high).
+    probe_file: the heads came from these prompts; the lab ablates on them (else on the workspace probe).
     """
     text = str(HeadSet(tuple(heads)))
+    st.session_state[LAB_PROBE] = LAB_ON_WORKSPACE if probe_file is None else LAB_ON_FILE
+    if probe_file is not None:
+        remember_probe_file(probe_file)
     st.session_state[HEADS_TEXT] = text
     st.session_state[ABLATION_HEADS] = text
     ws = st.session_state.get(WORKSPACE)

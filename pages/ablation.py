@@ -13,10 +13,10 @@ from core.stats.controls import CONTROL_KINDS, count_any_layer_sets, count_match
 from core.stats.inference import METRICS, MIN_CLOSURE_CONTROLS, format_z
 from core.stats.spectral import resolve_k, top_k
 from core.tasks.vocab import token_label
-from pages._cache import (cached_batch, checkpoint_screen, prepare_ablation, run_ablation, screen_report,
-                          stored_ablation)
-from pages._state import (ABLATION_HEADS, HAND_OFF_NOTE, HEADS_MODEL, HEADS_TEXT, HEADS_URL, ablation_history,
-                          open_in_inspector, require_workspace)
+from pages._cache import checkpoint_screen, prepare_ablation, run_ablation, screen_report, stored_ablation
+from pages._state import (ABLATION_HEADS, HAND_OFF_NOTE, HEADS_MODEL, HEADS_TEXT, HEADS_URL, LAB_ON_FILE,
+                          LAB_ON_WORKSPACE, LAB_PROBE, ablation_history, open_in_inspector, require_workspace,
+                          uploaded_probe_file)
 from pages._widgets import chart_pick, guarded, show_figure
 
 GRID_KEY = "ablation_grid"  # the grid's container; the chart inside gets a new key after each pick (see _grid_key)
@@ -46,6 +46,19 @@ def _set_heads(heads, empty_message: str) -> None:
         st.session_state[HEADS_TEXT] = str(HeadSet(tuple(heads)))
     else:
         st.session_state[PRESET_MESSAGE] = empty_message
+
+
+def _choose_prompts(ws):
+    """The probe file to ablate on (uploaded on the Patching page this session), or None: the sidebar's probe."""
+    probe_file = uploaded_probe_file()
+    if probe_file is None:
+        return None
+    choice = st.radio("Prompts", [LAB_ON_WORKSPACE, LAB_ON_FILE], horizontal=True, key=LAB_PROBE,
+                      format_func=lambda v: (f"the sidebar's {ws.task} probe" if v == LAB_ON_WORKSPACE else
+                                             f"{probe_file.name} ({probe_file.n_examples} prompts, from Patching)"),
+                      help="Ablate on the sidebar's probe, or on the clean prompts of the probe file uploaded on the "
+                           "Patching page (padded, with the attention mask; scored at each query_pos).")
+    return probe_file if choice == LAB_ON_FILE else None
 
 
 def _stats_table(result) -> pd.DataFrame:
@@ -191,6 +204,7 @@ with control_col:
     mode = c2.selectbox("Ablation", list(PROBE_MODES), key="ablation_mode",
                         help="What an ablated head's output (hook_z, before W_O, every position) is replaced by: "
                              + mode_help(PROBE_MODES) + ".")
+    lab_file = _choose_prompts(ws)
     n_sets = 0 if selection is None else _control_sets_notice(selection, control_kind, n_layers, n_heads)
     run = st.button("Run ablation", type="primary", disabled=n_sets == 0, key="run_ablation")
 
@@ -203,13 +217,13 @@ with grid_box:
         show_figure(grid, _grid_key(), pickable=True, stretch=False)
     st.button("Clear selection", key="clear_heads", on_click=_clear_heads, disabled=not text.strip(),
               icon=":material/deselect:")
-guarded(lambda: prepare_ablation(ws), stop=False)  # Ray backend: the workers hold this checkpoint before the click
+guarded(lambda: prepare_ablation(ws, lab_file), stop=False)  # Ray backend: the workers hold this checkpoint before the click
 
 # ------------------------------------------------------------------ run
 history = ablation_history()
 if run and selection is not None:
     settings = AblationSettings(n_controls=n_controls, controls=control_kind, mode=mode, seed=seed)
-    entry = stored_ablation(ws, selection, settings)
+    entry = stored_ablation(ws, selection, settings, lab_file)
     if entry is None:
         cancel_slot = st.empty()
         cancel_slot.button("Cancel run", key="cancel_ablation", on_click=_cancel, icon=":material/cancel:")
@@ -221,6 +235,7 @@ if run and selection is not None:
                 progress=lambda done, total: bar.progress(min(done / total, 1.0), text=f"condition passes: {done}/{total}"),
                 cancel=lambda: bool(st.session_state.get(CANCELLED)),
                 on_preview=_live_drawer(live, ws),
+                probe_file=lab_file,
             )
         except AblationCancelled:
             st.warning("The ablation run was cancelled; nothing was stored.")
@@ -232,7 +247,7 @@ if run and selection is not None:
     if entry is not None:
         number = len(history) + 1
         label = (f"#{number} · {entry['result'].selection} · {len(entry['result'].controls)} {control_kind} · {mode} · "
-                 f"{ws.model_name}@{ws.revision}")
+                 f"{ws.model_name}@{ws.revision}" + ("" if lab_file is None else f" · {lab_file.name}"))
         history.insert(0, {**entry, "label": label})
 
 # ------------------------------------------------------------------ results
@@ -259,8 +274,11 @@ for name, verdict in result.verdicts.items():
         st.warning(body, icon=":material/help:")
     else:
         st.info(body, icon=":material/cancel:")
+batch_spec = entry["batch"].spec
+prompts = (f" on the {entry['batch'].n_examples} prompts of {batch_spec['name']}"
+           if batch_spec.get("task") == "probe-file" else "")
 st.caption(f"{len(result.controls)} {result.control_sets.kind} controls + upper bound on {entry['model']} at "
-           f"{entry['revision']}; ran in {entry['seconds']:.1f} s.")
+           f"{entry['revision']}{prompts}; ran in {entry['seconds']:.1f} s.")
 
 st.dataframe(_stats_table(result), hide_index=True, width="stretch")
 
@@ -269,7 +287,7 @@ show_figure(ablation_strip(result, entry["model"], entry["revision"]), "ablation
 st.subheader("Per-example damage")
 metric = st.radio("Metric", [m for m in METRICS if m in result.stats], horizontal=True, key="damage_metric")
 show_figure(per_example_damage(result, entry["model"], entry["revision"], metric), "ablation_damage")
-run_batch = cached_batch(entry["probe"])
+run_batch = entry["batch"]
 damage = example_damage(result.clean, result.candidate, metric)  # [example], + = worse
 worst = worst_examples(damage, 8)
 st.dataframe(pd.DataFrame([{

@@ -14,9 +14,9 @@ from core.pipelines.patching import PatchPlan
 from core.stats.controls import CONTROL_KINDS
 from core.stats.patching import DIRECTIONS
 from core.tasks.counterfactual import InductionCounterfactualSpec
-from core.tasks.probe_file import PADDING_SIDES, read_probe_file
+from core.tasks.probe_file import PADDING_SIDES, ProbeFile, read_probe_file
 from pages._cache import run_patching_report, stored_patching
-from pages._state import require_workspace, send_to_ablation_lab
+from pages._state import remember_probe_file, require_workspace, send_to_ablation_lab
 from pages._widgets import guarded, new_pick, show_figure
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "assets" / "probes" / "ioi_example.jsonl"
@@ -50,7 +50,9 @@ def choose_pairs(ws):
     if uploaded is None:
         st.info("Upload a probe file of clean/corrupted pairs (the example file shows the format).")
         st.stop()
-    return guarded(lambda: read_probe_file(uploaded.getvalue(), uploaded.name, padding))
+    probe_file = guarded(lambda: read_probe_file(uploaded.getvalue(), uploaded.name, padding))
+    remember_probe_file(probe_file)  # the ablation lab can ablate on these prompts too
+    return probe_file
 
 
 def choose_settings():
@@ -110,7 +112,7 @@ def run(ws, pairs, settings, plan) -> None:
         st.rerun()  # draw the report with the run button spent
 
 
-def show(report) -> None:
+def show(report, pairs) -> None:
     act = report.activation
     for note in report.notes + act.notes:
         st.info(note, icon=":material/info:")
@@ -134,7 +136,9 @@ def show(report) -> None:
     chosen = s1.multiselect("Heads to test in the ablation lab (click or lasso heads on the heatmap or the rank "
                             "scatter; the top three by default)", options, key=select_key)
     s2.button("Open in the ablation lab", key="patch_to_ablation", icon=":material/science:", disabled=not chosen,
-              on_click=send_to_ablation_lab, args=(parse_heads(",".join(chosen)).heads if chosen else (),))
+              on_click=send_to_ablation_lab, args=(parse_heads(",".join(chosen)).heads if chosen else (),),
+              kwargs={"probe_file": pairs if isinstance(pairs, ProbeFile) else None},
+              help="The lab ablates the heads on the prompts patched here (an uploaded file's clean prompts).")
 
     left, right = st.columns(2)
     with left:
@@ -164,4 +168,4 @@ if st.button("Run patching", type="primary", key="patch_run", disabled=report is
 if report is None:
     st.info("Press **Run patching**: one forward per head (and per head and position when asked).")
 else:
-    show(report)
+    show(report, pairs)

@@ -386,7 +386,8 @@ def test_training_dynamics_form_vs_function(server, page):
 
 
 def test_patching_an_uploaded_probe_file_and_clicking_a_head_into_the_lab(server, page):
-    """The example probe file uploaded, patched, one head clicked on the heatmap and sent to the ablation lab."""
+    """The example probe file uploaded, patched, one head clicked on the heatmap and sent to the ablation lab,
+    which ablates it on the file's prompts."""
     title = "Patching"
     config = load_config(ModelRef.parse(MODEL))
     n_layers, n_heads = int(config.num_hidden_layers), int(config.num_attention_heads)
@@ -417,6 +418,9 @@ def test_patching_an_uploaded_probe_file_and_clicking_a_head_into_the_lab(server
     wait_until_idle(page, "Ablation lab")
     assert_no_error(page)
     assert page.locator('input[aria-label="Heads to ablate"]').input_value() == f"L{layer}H{head}"
+    click_button(page, "run_ablation", "Ablation lab")  # on the file's prompts: the hand-off chose them
+    page.get_by_text("on the 8 prompts of ioi_example.jsonl").first.wait_for(timeout=LONG_MS)
+    assert_no_error(page)
 
 
 def test_ablation_lab_clicks_add_heads_and_degenerate_controls_are_inconclusive(server, page):
