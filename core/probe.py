@@ -21,7 +21,7 @@ metrics' logsumexp), so HeadStats tensors are float32 whatever the model's dtype
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
 import torch
@@ -188,6 +188,29 @@ def probe_batch_for(probe: ProbeSpec | ProbeFile, model: Any) -> ProbeBatch:
         batch = probe.build()
     check_probe_fits(batch, model)
     return batch
+
+
+def pattern_batch_for(probe: ProbeSpec | ProbeFile, model: Any) -> ProbeBatch:
+    """The batch of the instrumented pass (spectral signal, pattern screen) on a loaded model.
+
+    A spec builds its own. A probe file gives its prompts whose query token occurs earlier in the prompt
+    (so the induction and duplicate-token keys exist; the spec lists the lines left out), right-padded:
+    the screen's key positions (first token, random baseline keys) count from each prompt's start.
+    """
+    if not isinstance(probe, ProbeFile):
+        return probe_batch_for(probe, model)
+    if probe.padding != "right":
+        raise HeadLabError("the pattern screen reads key positions from each prompt's start; pad probe files on the "
+                           "right (--padding right, the default) for probe, screen and recipe.")
+    batch = probe_batch_for(probe, model)
+    found = torch.tensor(batch.spec["pattern_found"], dtype=torch.bool)
+    if not bool(found.any()):
+        raise HeadLabError(f"no prompt of {probe.name} has its query token earlier in the prompt, so no example has "
+                           "induction or duplicate-token keys; the pattern screen needs prompts with repeated tokens "
+                           "(patching and ablation do not).")
+    left_out = [record.line for record, ok in zip(probe.records, found.tolist()) if not ok]
+    kept = batch.select(found)
+    return replace(kept, spec={**batch.spec, "pattern_found": [True] * kept.n_examples, "left_out_lines": left_out})
 
 
 def _first_tensor(output: Any) -> torch.Tensor:
@@ -384,7 +407,8 @@ def collect_head_stats(
             sl = slice(start, min(n, start + chunk_size))
             q = batch.query_pos[sl].to(device)
             state.update(sl=sl, q=q, b=sl.stop - sl.start, weights=weights[sl].to(device))
-            logits = model(batch.tokens[sl].to(device))  # [batch, 1, vocab] thanks to unembed_hook
+            mask = {} if batch.attention_mask is None else {"attention_mask": batch.attention_mask[sl].to(device)}
+            logits = model(batch.tokens[sl].to(device), **mask)  # [batch, 1, vocab] thanks to unembed_hook
             if logits.shape[1] != 1:  # an architecture whose unembedding ignored the slice
                 ar = torch.arange(logits.shape[0], device=logits.device)
                 logits = logits[ar, q][:, None]

@@ -10,13 +10,13 @@ from tqdm import tqdm
 from core.errors import HeadLabError
 from core.cli.backend import add_backend_arguments, executor_from_args
 from core.executor import tqdm_progress
-from core.model.loading import DEFAULT_DTYPE, DTYPES
+from core.model.loading import DEFAULT_DTYPE, DTYPES, load_model
 from core.model.memory import check_probe_batch_fits
 from core.model.refs import ModelRef, list_checkpoints, resolve_checkpoint
 from core.pipelines.sweep import SweepItem, probe_sweep
-from core.probe import HEADSTATS_VERSION
-from core.tasks.probe_batch import MAX_SEED, check_seed
-from core.tasks.probe_file import PADDING_SIDES
+from core.probe import HEADSTATS_VERSION, pattern_batch_for
+from core.tasks.probe_batch import MAX_SEED, ProbeBatch, check_seed
+from core.tasks.probe_file import PADDING_SIDES, ProbeFile, read_probe_file
 from core.tasks.specs import TASKS, ProbeSpec, probe_spec
 
 
@@ -56,12 +56,22 @@ def probe_spec_from_args(args: argparse.Namespace) -> ProbeSpec:
     return spec
 
 
-def add_probe_file_arguments(parser: argparse.ArgumentParser, records: str) -> None:
+def add_probe_file_arguments(parser: argparse.ArgumentParser,
+                             records: str = "prompt, target, optional query_pos; --task, --n and --seq-len are then not read"
+                             ) -> None:
     """--probe-file and --padding; records: what one line of the file holds, for the help."""
     parser.add_argument("--probe-file", default=None,
                         help=f"JSONL of your own prompts instead of the built-in probe (one record per line: {records})")
     parser.add_argument("--padding", choices=PADDING_SIDES, default="right",
-                        help="with --probe-file: the side shorter prompts are padded on (default right)")
+                        help="with --probe-file: the side shorter prompts are padded on (default right; probe, "
+                             "screen and recipe read key positions and take right padding only)")
+
+
+def probe_from_args(args: argparse.Namespace) -> ProbeSpec | ProbeFile:
+    """The probe a command runs on: the user's probe file when given, else the built-in probe the flags describe."""
+    if args.probe_file is not None:
+        return read_probe_file(args.probe_file, padding=args.padding)
+    return probe_spec_from_args(args)
 
 
 def add_probe_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,6 +80,7 @@ def add_probe_arguments(parser: argparse.ArgumentParser) -> None:
     which.add_argument("--revision", default=None, help="one checkpoint (default: the final one)")
     which.add_argument("--all-checkpoints", action="store_true", help="every checkpoint of each model")
     add_probe_spec_arguments(parser)
+    add_probe_file_arguments(parser)
     parser.add_argument("--chunk-size", type=int, default=None,
                         help="examples per forward (default: as many as fit in the free memory)")
     add_backend_arguments(parser)
@@ -79,19 +90,28 @@ def cli_probe(args: argparse.Namespace) -> dict:
     """Fill the HeadStats cache for one or all checkpoints of each model, one task per checkpoint not
     cached yet (on --backend), with a progress bar over tasks; returns what each checkpoint did."""
     refs = [ModelRef.parse(name) for name in args.model]
-    items = []
+    items: dict[ModelRef, list[SweepItem]] = {}
     for ref in refs:
         checkpoints = list_checkpoints(ref) if args.all_checkpoints else [resolve_checkpoint(ref, args.revision)]
         if not checkpoints:
             raise HeadLabError(f"model {ref} lists no checkpoints; train it or pick another model.")
-        items += [SweepItem(ref, checkpoint) for checkpoint in checkpoints]
-    spec = probe_spec_from_args(args)
+        items[ref] = [SweepItem(ref, checkpoint) for checkpoint in checkpoints]
+    probe = probe_from_args(args)
+    if isinstance(probe, ProbeFile):  # tokenized by each model's own tokenizer: one sweep per model
+        sweeps = [(pattern_batch_for(probe, load_model(ref, found[-1].checkpoint.revision, args.device, args.dtype)),
+                   found) for ref, found in items.items()]
+    else:
+        sweeps = [(probe, [item for found in items.values() for item in found])]
     executor = executor_from_args(args)
-    with tqdm(total=len(items), unit="checkpoint", desc=f"probe ({executor.describe()})") as bar:
-        rows = probe_sweep(items, spec, executor, device=args.device, dtype=args.dtype, chunk_size=args.chunk_size,
-                           progress=tqdm_progress(bar))
+    rows = []
+    for batch_or_spec, found in sweeps:
+        with tqdm(total=len(found), unit="checkpoint", desc=f"probe ({executor.describe()})") as bar:
+            rows += probe_sweep(found, batch_or_spec, executor, device=args.device, dtype=args.dtype,
+                                chunk_size=args.chunk_size, progress=tqdm_progress(bar))
     for row in rows:
         tqdm.write(f"{row['model']} {row['revision']}: {row['status']}")
-    return {"model": str(refs[0]), "models": [str(ref) for ref in refs], "task": args.task,
-            "probe_spec": dict(spec.build().spec), "code_version": HEADSTATS_VERSION, "dtype": args.dtype,
-            "backend": args.backend, "checkpoints": rows}
+    first = sweeps[0][0]
+    return {"model": str(refs[0]), "models": [str(ref) for ref in refs], "task": first.spec["task"] if
+            isinstance(first, ProbeBatch) else args.task,
+            "probe_spec": dict((first if isinstance(first, ProbeBatch) else first.build()).spec),
+            "code_version": HEADSTATS_VERSION, "dtype": args.dtype, "backend": args.backend, "checkpoints": rows}

@@ -14,7 +14,7 @@ from core.ablation.compare import ablation_under_every_mode
 from core.ablation.spec import PROBE_MODES, mode_help
 from core.ablation.study import AblationSettings, summarize_ablation
 from core.cli.backend import add_backend_arguments, executor_from_args
-from core.cli.probe import add_probe_file_arguments, add_probe_spec_arguments, probe_spec_from_args, seed_arg
+from core.cli.probe import add_probe_file_arguments, add_probe_spec_arguments, probe_from_args, seed_arg
 from core.heads import parse_heads
 from core.model.loading import load_config, load_model
 from core.model.refs import ModelRef, list_checkpoints, resolve_checkpoint
@@ -23,12 +23,12 @@ from core.probe import check_probe_fits, probe_batch_for
 from core.stats.inference import format_z
 from core.stats.selectivity import CLASS_THRESHOLD
 from core.stats.spectral import DEFAULT_DEFINITION, DEFAULT_RULE
-from core.tasks import ProbeFile, ProbeSpec, read_probe_file
 
 
 def add_screen_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="zoo name, local Hugging Face folder or hub name")
     add_probe_spec_arguments(parser)
+    add_probe_file_arguments(parser)
     add_backend_arguments(parser)
     parser.add_argument("--k", type=float, default=0.18, help="top-K: a count (>= 1) or a fraction (default 0.18)")
     parser.add_argument("--pr", choices=("entropy", "classic"), default=DEFAULT_DEFINITION,
@@ -57,7 +57,7 @@ def cli_screen(args: argparse.Namespace) -> dict:
         bar.update(1)
 
     try:
-        report = screen(ref, probe_spec_from_args(args), settings, device=args.device, progress=progress,
+        report = screen(ref, probe_from_args(args), settings, device=args.device, progress=progress,
                         dtype=args.dtype, executor=executor_from_args(args))
     finally:
         bar.close()
@@ -108,15 +108,8 @@ def add_ablate_arguments(parser: argparse.ArgumentParser) -> None:
                         "is the same under each and the heads whose single-head conclusion flips")
     parser.add_argument("--control-seed", type=seed_arg, default=123, help="control draws and resample's derangement")
     add_probe_spec_arguments(parser)
-    add_probe_file_arguments(parser, "prompt, target, optional query_pos; --task, --n and --seq-len are then not read")
+    add_probe_file_arguments(parser)
     add_backend_arguments(parser)
-
-
-def _ablation_probe(args: argparse.Namespace) -> ProbeSpec | ProbeFile:
-    """The probe an ablation runs on: the user's probe file when given, else the built-in probe the flags describe."""
-    if args.probe_file is not None:
-        return read_probe_file(args.probe_file, padding=args.padding)
-    return probe_spec_from_args(args)
 
 
 def cli_ablate(args: argparse.Namespace) -> dict:
@@ -130,7 +123,7 @@ def cli_ablate(args: argparse.Namespace) -> dict:
     try:
         settings = AblationSettings(n_controls=args.controls, controls=args.control_kind, mode=args.mode,
                                     seed=args.control_seed)
-        result = ablate(ref, args.revision, selection, _ablation_probe(args), settings, args.device, progress,
+        result = ablate(ref, args.revision, selection, probe_from_args(args), settings, args.device, progress,
                         dtype=args.dtype, executor=executor_from_args(args))
     finally:
         bar.close()
@@ -142,7 +135,7 @@ def cli_ablate(args: argparse.Namespace) -> dict:
 
 def _ablate_every_mode(ref: ModelRef, revision: str, config, selection, args: argparse.Namespace) -> dict:
     """`ablate --mode all`: the study under every probe mode, in this process (core/ablation/compare.py)."""
-    spec = _ablation_probe(args)
+    spec = probe_from_args(args)
     check_probe_fits(spec, config)
     model = load_model(ref, revision, device=args.device, dtype=args.dtype)
     settings = AblationSettings(n_controls=args.controls, controls=args.control_kind, seed=args.control_seed)
@@ -168,12 +161,13 @@ def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=PROBE_MODES, default="zero", help=mode_help(PROBE_MODES))
     parser.add_argument("--control-seed", type=seed_arg, default=123)
     add_probe_spec_arguments(parser)
+    add_probe_file_arguments(parser)
     add_backend_arguments(parser)
 
 
 def cli_recipe(args: argparse.Namespace) -> dict:
     ref = ModelRef.parse(args.model)
-    out = run_recipe(ref, probe_spec_from_args(args), args.controls, args.mode, args.control_seed, args.device,
+    out = run_recipe(ref, probe_from_args(args), args.controls, args.mode, args.control_seed, args.device,
                      progress=lambda text: print(f"... {text}"), dtype=args.dtype, executor=executor_from_args(args))
     screen_out = out["screen"]
     print(f"candidate circuit: {', '.join(screen_out['candidate_circuit']) or 'none'}")

@@ -22,7 +22,7 @@ from core.heads import HeadSet, head_name
 from core.model.loading import DEFAULT_DTYPE, load_config, load_model
 from core.model.refs import Checkpoint, ModelRef, list_checkpoints, resolve_checkpoint
 from core.pipelines.sweep import SweepItem, probe_sweep
-from core.probe import HeadStats, check_probe_fits, head_stats, probe_batch_for
+from core.probe import HeadStats, check_probe_fits, head_stats, pattern_batch_for, probe_batch_for
 from core.results import JsonResult
 from core.stats.selectivity import BASELINE_KINDS, CLASS_THRESHOLD, INDUCTION_THRESHOLD, ScreenResult, selectivity
 from core.stats.spectral import DEFAULT_DEFINITION, DEFAULT_RULE, PR_DEFINITIONS, SpectralResult, pr_per_head
@@ -158,20 +158,26 @@ class ScreenSettings(JsonResult):
         object.__setattr__(self, "n_null_draws", int(self.n_null_draws))
 
 
-def screen(ref: ModelRef, spec: ProbeSpec, settings: ScreenSettings = ScreenSettings(), device: str = "cpu",
+def screen(ref: ModelRef, spec: ProbeSpec | ProbeFile, settings: ScreenSettings = ScreenSettings(), device: str = "cpu",
            progress: Optional[Callable[[int, int, str], None]] = None, dtype: str = DEFAULT_DTYPE,
            executor: Optional[Executor] = None) -> ScreenReport:
     """Steps 1-2 over every checkpoint of `ref`. progress(done, total, revision) after each one.
 
+    spec: a probe spec, or a probe file (tokenized by the final checkpoint's tokenizer; core.probe.pattern_batch_for
+    says which of its prompts the screen reads).
     device, dtype: where and in which precision a checkpoint without cached statistics runs.
     executor: when given, the passes the cache lacks run first as one sweep on it (core/pipelines/sweep.py).
     """
     s = settings
     checkpoints = tuple(list_checkpoints(ref))
     check_probe_fits(spec, load_config(ref, checkpoints[-1].revision))
+    if isinstance(spec, ProbeFile):
+        batch = pattern_batch_for(spec, load_model(ref, checkpoints[-1].revision, device=device, dtype=dtype))
+    else:
+        batch = spec.build()
     if executor is not None:
-        probe_sweep([SweepItem(ref, c) for c in checkpoints], spec, executor, device=device, dtype=dtype)
-    batch = spec.build()
+        probe = batch if isinstance(spec, ProbeFile) else spec  # a spec travels as itself: each task builds it
+        probe_sweep([SweepItem(ref, c) for c in checkpoints], probe, executor, device=device, dtype=dtype)
     induction_threshold = s.induction_threshold
     if induction_threshold is None:
         induction_threshold = scaled_induction_threshold(batch.query_pos)
@@ -235,12 +241,13 @@ def ablate(ref: ModelRef, revision: Optional[str], selection: HeadSet, spec: Pro
     return result
 
 
-def run_recipe(ref: ModelRef, spec: ProbeSpec, n_controls: int = 20, mode: str = "zero", seed: int = 123,
+def run_recipe(ref: ModelRef, spec: ProbeSpec | ProbeFile, n_controls: int = 20, mode: str = "zero", seed: int = 123,
                device: str = "cpu", progress: Optional[Callable[[str], None]] = None, dtype: str = DEFAULT_DTYPE,
                executor: Optional[Executor] = None) -> dict:
     """Screen, take the candidate induction circuit, ablate it against matched-random draws and the
     upper bound; also ablate the previous-token circuit (composition: it feeds the induction heads),
-    chosen by the same membership rule as the induction circuit. executor: for the screen's passes."""
+    chosen by the same membership rule as the induction circuit. executor: for the screen's passes.
+    spec: a probe spec, or a probe file (screened on its prompts with repeated tokens, ablated on all of them)."""
     say = progress or (lambda text: None)
     say("screening checkpoints")
     report = screen(ref, spec, device=device, dtype=dtype, executor=executor)

@@ -21,7 +21,7 @@ from core.model.memory import task_resources
 from core.model.refs import Checkpoint, ModelRef, list_checkpoints
 from core.probe import check_probe_fits, head_stats, head_stats_key
 from core.store import has_entry
-from core.tasks import ProbeSpec
+from core.tasks import ProbeBatch, ProbeSpec
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ def checkpoint_items(refs: Sequence[ModelRef]) -> list[SweepItem]:
     return [SweepItem(ref, checkpoint) for ref in refs for checkpoint in list_checkpoints(ref)]
 
 
-def probe_checkpoint(ref: ModelRef, checkpoint: Checkpoint, spec: ProbeSpec, device: str, dtype: str,
+def probe_checkpoint(ref: ModelRef, checkpoint: Checkpoint, spec: ProbeSpec | ProbeBatch, device: str, dtype: str,
                      chunk_size: Optional[int]) -> str:
     """A sweep's task: one checkpoint's pass into the cache; "computed", or "cached" if another run got there first."""
     status: list[str] = []
@@ -49,10 +49,13 @@ def probe_checkpoint(ref: ModelRef, checkpoint: Checkpoint, spec: ProbeSpec, dev
     return status[0]
 
 
-def probe_sweep(items: Sequence[SweepItem], spec: ProbeSpec, executor: Optional[Executor] = None,
+def probe_sweep(items: Sequence[SweepItem], spec: ProbeSpec | ProbeBatch, executor: Optional[Executor] = None,
                 device: str = "cpu", dtype: str = DEFAULT_DTYPE, chunk_size: Optional[int] = None,
                 threads: Optional[int] = None, progress: Optional[ProgressFn] = None) -> list[dict]:
     """Fill the HeadStats cache for every item; one row per item, in order.
+
+    spec: a probe spec (each task builds its batch), or a built batch (a probe file's: it travels with
+    the tasks, since a worker cannot rebuild it from a hash).
 
     Row: model, revision, step, tokens, key, status ("cached": in the cache before the sweep, not
     dispatched; "computed"). threads: torch threads per task (default 1 on Ray, where each task
@@ -60,7 +63,7 @@ def probe_sweep(items: Sequence[SweepItem], spec: ProbeSpec, executor: Optional[
     bit-identical entries on both executors. SweepFailed names the checkpoints whose task failed twice.
     """
     executor = executor or SerialExecutor()
-    spec_json = dict(spec.build().spec)
+    spec_json = dict((spec if isinstance(spec, ProbeBatch) else spec.build()).spec)
     resources = {}  # ref -> (num_cpus, num_gpus): one model's checkpoints share its shape
     for ref in dict.fromkeys(item.ref for item in items):  # refuse a probe a model cannot take, before any work
         last = [item.checkpoint for item in items if item.ref == ref][-1]

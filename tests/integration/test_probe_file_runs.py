@@ -1,6 +1,7 @@
-"""Ablation on a probe file's own prompts (issue 17): padded batches score every prompt as if it ran alone,
-the replacement statistics average real tokens only, and `ablate --probe-file` runs end to end (here, in
-`--mode all`, and in an ablation worker) on a tiny GPT-NeoX (rotary, parallel residual) bridge."""
+"""A probe file's own prompts in ablation, the instrumented pass and the screen (issue 17), on a tiny GPT-NeoX
+(rotary, parallel residual) bridge: padded batches score every prompt as if it ran alone, the replacement
+statistics average real tokens only, the screen reads the prompts whose query token repeats, and `ablate`,
+`probe` and `screen --probe-file` run end to end (ablate also in `--mode all` and in an ablation worker)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ from core.ablation.engine import run_conditions
 from core.ablation.replacements import compute_replacements
 from core.ablation.spec import Ablation
 from core.ablation.workers import AblationWorker, _job
+from core.errors import HeadLabError
 from core.heads import HeadSet
 from core.model.loading import byte_tokenizer
 from core.model.refs import ModelRef
+from core.probe import collect_head_stats, pattern_batch_for
 from core.tasks.probe_file import PADDING_SIDES, read_probe_file
 from core.workspace import zoo_dir
 from tests.tiny_models import make_fake_zoo, tiny_model
@@ -45,7 +48,8 @@ def bridge(tmp_path_factory):
     folder = tmp_path_factory.mktemp("neox")
     hf = tiny_model("gpt_neox", seed=0)
     hf.save_pretrained(str(folder))
-    return TransformerBridge.boot_transformers(str(folder), hf_model=hf, device="cpu").eval()
+    return TransformerBridge.boot_transformers(str(folder), hf_model=hf, device="cpu",
+                                               tokenizer=byte_tokenizer(add_bos=True)).eval()  # as load_model gives a zoo model
 
 
 def _metrics(bridge, batch, ablation: Ablation, strategy: str = "auto") -> dict[str, np.ndarray]:
@@ -127,3 +131,42 @@ def test_ablate_cli_and_a_worker_on_a_probe_file(tmp_path, monkeypatch, capsys):
     model = worker.model
     _, (want,) = run_conditions(model, probes.build_batch(model.tokenizer, 64), conditions)
     np.testing.assert_array_equal(got.loss, want.loss)
+
+
+def test_the_screen_reads_the_prompts_whose_query_token_repeats(bridge):
+    """Prompt 3's query token (" ", query_pos 18 of "one two three, one t") repeats, prompt 2's last token "b"
+    repeats, but a prompt whose query token is new is left out and named; the pass's per-head outputs at each
+    query equal the prompt's own unpadded run."""
+    new_token = {"prompt": "abcdefghij", "target": "k"}  # "j" occurs once: no induction key
+    records = PROMPTS + [new_token]
+    probe = _file(records)
+    batch = pattern_batch_for(probe, bridge)
+    assert batch.n_examples == 3 and batch.spec["left_out_lines"] == [4]
+    assert batch.spec["pattern_found"] == [True] * 3 and len(batch.spec["sha256"]) == 64
+    stats = collect_head_stats(bridge, batch)
+    tokenizer = byte_tokenizer(add_bos=True)
+    for i, record in enumerate(PROMPTS):
+        alone = collect_head_stats(bridge, _file([record]).build_batch(tokenizer, 64))
+        torch.testing.assert_close(stats.z_query[i], alone.z_query[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(stats.attn_patterns[:, i], alone.attn_patterns[:, 0], atol=1e-5, rtol=1e-5)
+    with pytest.raises(HeadLabError, match="pad probe files on the right"):
+        pattern_batch_for(_file(PROMPTS, "left"), bridge)
+    with pytest.raises(HeadLabError, match="needs prompts with repeated tokens"):
+        pattern_batch_for(_file([new_token]), bridge)
+
+
+def test_probe_and_screen_cli_on_a_probe_file(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HEADLAB_HOME", str(tmp_path / "home"))
+    make_fake_zoo(zoo_dir(), MODEL, "gpt_neox", steps=(0, 10, 100))
+    out = tmp_path / "probe.json"
+    assert main(["probe", MODEL, "--all-checkpoints", "--probe-file", str(EXAMPLE_PROBES), "--json", str(out)]) == 0
+    probed = json.loads(out.read_text())
+    assert probed["task"] == "probe-file" and [row["status"] for row in probed["checkpoints"]] == ["computed"] * 3
+    out = tmp_path / "screen.json"
+    assert main(["screen", MODEL, "--probe-file", str(EXAMPLE_PROBES), "--json", str(out)]) == 0
+    screened = json.loads(out.read_text())
+    assert screened["probe_spec"]["sha256"] == probed["probe_spec"]["sha256"]
+    assert screened["probe_spec"]["left_out_lines"] == []  # every example prompt ends in a repeated " "
+    capsys.readouterr()
+    assert main(["screen", MODEL, "--probe-file", str(EXAMPLE_PROBES), "--padding", "left"]) == 2
+    assert "pad probe files on the right" in capsys.readouterr().err
