@@ -111,7 +111,7 @@ def cli_probe(args: argparse.Namespace) -> dict:
     for row in rows:
         tqdm.write(f"{row['model']} {row['revision']}: {row['status']}")
     first = sweeps[0][0]
-    return {"model": str(refs[0]), "models": [str(ref) for ref in refs], "task": first.spec["task"] if
-            isinstance(first, ProbeBatch) else args.task,
-            "probe_spec": dict((first if isinstance(first, ProbeBatch) else first.build()).spec),
-            "code_version": HEADSTATS_VERSION, "dtype": args.dtype, "backend": args.backend, "checkpoints": rows}
+    batch_spec = dict((first if isinstance(first, ProbeBatch) else first.build()).spec)
+    return {"model": str(refs[0]), "models": [str(ref) for ref in refs], "task": batch_spec["task"],
+            "probe_spec": batch_spec, "code_version": HEADSTATS_VERSION, "dtype": args.dtype,
+            "backend": args.backend, "checkpoints": rows}
