@@ -8,9 +8,22 @@ STAMP := $(VENV)/.installed-$(shell sha256sum requirements.txt | cut -c1-12)
 
 setup: $(STAMP)
 
+# uv installs the pinned set in about 12 s where pip takes about 3 minutes; it is used only when pip's
+# find-links folder holds the CPU torch wheel (uv reads no pip config, and PyPI's torch pulls CUDA's
+# gigabytes), else pip installs as before.
+UV := uv==0.13.9
+FIND_LINKS := $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
+LOCAL_TORCH := $(firstword $(wildcard $(addsuffix /torch-*.whl,$(FIND_LINKS))))
+
 $(STAMP): requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+ifneq ($(LOCAL_TORCH),)
+	$(PY) -m pip install --quiet $(UV) && $(VENV)/bin/uv pip install --quiet --python $(PY) \
+	  $(addprefix --find-links ,$(FIND_LINKS)) -r requirements.txt \
+	  || $(PY) -m pip install --quiet -r requirements.txt
+else
 	$(PY) -m pip install --quiet -r requirements.txt
+endif
 	@rm -f $(VENV)/.installed-*
 	@touch $(STAMP)
 

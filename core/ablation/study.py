@@ -24,7 +24,7 @@ from core.heads import HeadSet, head_name
 from core.model.hooks import model_dtype, model_shape
 from core.model.loading import dtype_name
 from core.results import JsonResult
-from core.stats.controls import (CONTROL_KINDS, ControlSets, _check_selection, any_layer_random_controls,
+from core.stats.controls import (CONTROL_KINDS, ControlSets, check_selection, any_layer_random_controls,
                                  matched_random_controls, upper_bound)
 from core.stats.inference import (DAMAGE_SIGN, METRICS, Verdict, bootstrap_ci, canonical_metric, closure_verdict,
                                   empirical_rank_p, is_damaging, recipe_verdict, z_score)
@@ -139,7 +139,7 @@ def study_conditions(selection: HeadSet, n_layers: int, n_heads: int,
     """The conditions of a study, in order: the candidate, its random controls, the upper bound (unless
     settings say no); and the control sets as drawn (seeded: the same on every worker)."""
     s = settings
-    selection = _check_selection(selection, n_layers, n_heads)
+    selection = check_selection(selection, n_layers, n_heads)
     if s.controls == "matched":
         sets = matched_random_controls(selection, n_layers, n_heads, s.n_controls, s.seed)
     else:

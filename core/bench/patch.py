@@ -17,7 +17,7 @@ from core.cli.probe import add_device_arguments
 from core.model.hooks import model_shape
 from core.model.loading import DEFAULT_DTYPE, dtype_name, load_model
 from core.model.refs import ModelRef, resolve_checkpoint
-from core.pipelines.attribution_results import spearman
+from core.stats.inference import spearman
 from core.tasks.counterfactual import InductionCounterfactualSpec
 from core.tasks.specs import probe_spec
 

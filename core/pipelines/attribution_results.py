@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
-from scipy.stats import rankdata, spearmanr
+from scipy.stats import rankdata
 
 from core.ablation.spec import SEQUENCE_MODES
 from core.errors import HeadLabError
 from core.results import JsonResult
+from core.stats.inference import spearman
 from core.tasks.sequences import MAX_SEQUENCE_LENGTH, OOD_LENGTHS, TRAIN_LENGTHS, check_task
 
 GRADIENT_VARIANTS = ("paper", "reference")
@@ -101,15 +102,6 @@ def classify_components(d: Sequence[float], threshold: float = DEFAULT_THRESHOLD
         else:
             out.append("bloat" if value > threshold else "hero" if value < -threshold else "aligned")
     return tuple(out)
-
-
-def spearman(G: Sequence[float], C: Sequence[float]) -> tuple[float | None, float | None]:
-    """(rho, p) by scipy.stats.spearmanr; (None, None) when either vector is constant (rho undefined)."""
-    G, C = np.asarray(G, dtype=np.float64), np.asarray(C, dtype=np.float64)
-    if G.size < 2 or np.all(G == G[0]) or np.all(C == C[0]):
-        return None, None
-    result = spearmanr(G, C)
-    return float(result.statistic), float(result.pvalue)
 
 
 def per_layer_summary(components: Sequence[str], classes: Sequence[str]) -> tuple[dict, ...]:

@@ -22,9 +22,9 @@ from core.heads import HeadSet
 from core.model.hooks import model_context_length
 from core.model.loading import DEFAULT_DTYPE, load_config, load_model
 from core.model.refs import Checkpoint, ModelRef, resolve_checkpoint
-from core.pipelines.attribution_results import spearman
 from core.probe import check_probe_fits
 from core.results import JsonResult
+from core.stats.inference import spearman
 from core.tasks.counterfactual import InductionCounterfactualSpec, PatchPair
 from core.tasks.probe_file import ProbeFile
 

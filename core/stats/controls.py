@@ -44,7 +44,8 @@ class ControlSets(JsonResult):
         return self.sets[index]
 
 
-def _check_selection(selection: HeadSet, n_layers: int, n_heads: int) -> HeadSet:
+def check_selection(selection: HeadSet, n_layers: int, n_heads: int) -> HeadSet:
+    """The selection as a HeadSet, refused when empty or outside an n_layers x n_heads model."""
     selection = selection if isinstance(selection, HeadSet) else HeadSet(tuple(selection))
     if len(selection) == 0:
         raise HeadLabError("the selection is empty; pick at least one head to ablate.")
@@ -93,7 +94,7 @@ def matched_random_controls(selection: HeadSet, n_layers: int, n_heads: int, n_d
     Each draw takes, layer by layer in order, `RandomState(seed).choice(free heads, k, replace=False)`;
     a repeated set is drawn again. When n_draws >= the number of distinct sets, all are returned.
     """
-    selection = _check_selection(selection, n_layers, n_heads)
+    selection = check_selection(selection, n_layers, n_heads)
     seed = check_seed(seed, "the control seed")
     counts = selection.count_per_layer()
     for layer, k in sorted(counts.items()):
@@ -129,7 +130,7 @@ def any_layer_random_controls(selection: HeadSet, n_layers: int, n_heads: int, n
     Each draw is `RandomState(seed).choice(len(free), k, replace=False)` over the free heads in
     (layer, head) order, as the reference natural-text closure script does.
     """
-    selection = _check_selection(selection, n_layers, n_heads)
+    selection = check_selection(selection, n_layers, n_heads)
     seed = check_seed(seed, "the control seed")
     if n_draws < 1:
         raise HeadLabError("ask for at least one control draw.")

@@ -1,4 +1,5 @@
-"""Inference over ablation deltas: z-scores, empirical rank and p-value, paired bootstrap, verdicts.
+"""Inference over ablation deltas: z-scores, empirical rank and p-value, paired bootstrap, verdicts; and the
+rank agreement (Spearman) of two per-head scores (gradient vs causal, attribution vs activation patching).
 
 Pure numpy, testable on hand-made numbers and the reference result files without a model. The
 metric names and their direction of damage live here too (not beside `query_metrics` in
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
+from scipy.stats import spearmanr
 
 from core.errors import HeadLabError
 from core.results import JsonResult
@@ -274,3 +276,12 @@ def closure_verdict(
     if passed:
         reasons.append("every delta is damage and the candidate stands out from its controls.")
     return Verdict("pass" if passed else "fail", rule_text, tuple(reasons), z)
+
+
+def spearman(G: Sequence[float], C: Sequence[float]) -> tuple[float | None, float | None]:
+    """(rho, p) by scipy.stats.spearmanr; (None, None) when either vector is constant (rho undefined)."""
+    G, C = np.asarray(G, dtype=np.float64), np.asarray(C, dtype=np.float64)
+    if G.size < 2 or np.all(G == G[0]) or np.all(C == C[0]):
+        return None, None
+    result = spearmanr(G, C)
+    return float(result.statistic), float(result.pvalue)

@@ -173,8 +173,6 @@ def exact_match_accuracy(
     return float(exact_match_per_example(logits_fn, task, length, n_examples, seed, batch_size).float().mean())
 
 
-greedy_exact_match = exact_match_accuracy  # name used in the internal contract
-
 
 def choose_ood_length(
     accuracy_by_length: dict[int, float], low: float = OOD_ACCURACY_BAND[0], high: float = OOD_ACCURACY_BAND[1]

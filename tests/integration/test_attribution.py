@@ -18,6 +18,7 @@ from core.pipelines import attribution as attr
 from core.pipelines import attribution_measures as measures
 from core.pipelines import attribution_results as ares
 from core.errors import HeadLabError
+from core.stats.inference import spearman
 from core.tasks.sequences import exact_match_accuracy, make_sequence_batch
 
 N_LAYERS, N_HEADS, D_MODEL, D_FF = 2, 2, 32, 64
@@ -301,7 +302,7 @@ def test_rank_differences_and_classes_extremes():
     # the largest gradients have the smallest effects: bloats; the reverse: heroes
     assert classes[:7] == ("bloat",) * 7 and classes[7:13] == ("aligned",) * 6 and classes[13:] == ("hero",) * 7
     assert ares.classify_components(d, 6, "reference") == classes  # no d is exactly 6
-    rho, _ = ares.spearman(G, C)
+    rho, _ = spearman(G, C)
     assert rho == pytest.approx(-1.0)
 
 
@@ -323,7 +324,7 @@ def test_ranks_average_ties_and_rho_undefined_for_constants():
     rank_g, rank_c, d = ares.rank_differences([1.0, 1.0, 2.0], [0.0, 5.0, 1.0])
     np.testing.assert_array_equal(rank_g, [1.5, 1.5, 3.0])
     np.testing.assert_array_equal(d, [0.5, -1.5, 1.0])
-    assert ares.spearman([1, 2, 3], [0, 0, 0]) == (None, None)
+    assert spearman([1, 2, 3], [0, 0, 0]) == (None, None)
     with pytest.raises(HeadLabError):
         ares.rank_differences([1, 2], [1, 2, 3])
 

@@ -21,7 +21,7 @@ from core.ablation.patching.runs import (PatchSettings, Progress, check_pair_fit
 from core.heads import HeadSet
 from core.model.hooks import model_shape
 from core.results import JsonResult
-from core.stats.controls import ControlSets, _check_selection, any_layer_random_controls, matched_random_controls, upper_bound
+from core.stats.controls import ControlSets, check_selection, any_layer_random_controls, matched_random_controls, upper_bound
 from core.stats.patching import against_controls, normalized_score
 from core.tasks.counterfactual import PatchPair
 
@@ -149,7 +149,7 @@ def group_patching(model: Any, pair: PatchPair, selection: HeadSet, settings: Pa
                    progress: Progress | None = None) -> GroupPatching:
     """Patch `selection` together, each of its random control groups, and every head of its layers."""
     n_layers, n_heads, _ = model_shape(model)
-    selection = _check_selection(selection, n_layers, n_heads)
+    selection = check_selection(selection, n_layers, n_heads)
     sets = control_sets(selection, n_layers, n_heads, settings)
     conditions = [(selection, None)] + [(s, None) for s in sets] + [(upper_bound(selection, n_heads), None)]
     measured = measure_conditions(model, pair, settings, conditions, progress)

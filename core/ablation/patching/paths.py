@@ -29,7 +29,7 @@ from core.errors import HeadLabError
 from core.heads import HeadSet
 from core.model.hooks import hook_name, model_shape
 from core.results import JsonResult
-from core.stats.controls import ControlSets, _check_selection, matched_random_controls
+from core.stats.controls import ControlSets, check_selection, matched_random_controls
 from core.stats.patching import against_controls, normalized_score
 from core.tasks.counterfactual import PatchPair
 
@@ -167,8 +167,8 @@ def path_patching(model: Any, pair: PatchPair, senders: HeadSet, receivers: Head
     progress(done, total) counts example-conditions.
     """
     n_layers, n_heads, _ = model_shape(model)
-    senders = _check_selection(senders, n_layers, n_heads)
-    receivers = _check_selection(receivers, n_layers, n_heads)
+    senders = check_selection(senders, n_layers, n_heads)
+    receivers = check_selection(receivers, n_layers, n_heads)
     components = check_components(components)
     _check_route(model, senders, receivers, components)
     check_pair_fits(model, pair)
