@@ -17,9 +17,12 @@ mask, rotary position embeddings, ...) and replays blocks k..L-1 itself, then th
 unembedding at the query positions only. A self-check against the clean logits guards this; when it
 fails the engine falls back to full forwards and says so in its notes.
 
-Two more cuts, each self-checked (they are what takes a Pythia-160m recipe past 2x a naive loop):
+Three more cuts, each self-checked (they are what takes a Pythia-160m recipe past 2x a naive loop):
 - the last block's MLP runs at the query rows only (nothing after it reads another position; the
   MLP is two thirds of a block's work). Skipped when a condition ablates that MLP;
+- in a GPT-NeoX/Pythia model the last block's attention too (`_neox_block_at_query`: keys and values
+  at every position, the query, softmax and W_O at the query only): on the quick zoo's 3-layer model
+  it halves a live study. Skipped when a condition ablates that block's heads (their hook must run);
 - in a parallel-residual block (GPT-NeoX/Pythia, GPT-J: out = x + attn(x) + mlp(x)), ablating heads
   only changes attn(x) by sum_h (replacement_h - z_h) W_O[h]; the condition's residual after its
   lowest ablated layer is the clean one plus that change, so that layer is not replayed at all.
@@ -36,6 +39,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 from transformer_lens.model_bridge.generalized_components import ParallelBlockBridge
+from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXAttention, GPTNeoXLayer, apply_rotary_pos_emb
 
 from core.ablation.replacements import (Replacements, ablation_hooks, compute_replacements, head_mask_rows, per_row,
                                         replaced_hook_names)
@@ -205,17 +209,22 @@ class _Recorder:
 
 
 def _run_tail(model: Any, recorder: _Recorder, start: int, resid: torch.Tensor, rows: int, index, repeat: int,
-              query_pos: torch.Tensor, last_mlp_at_query: bool = False) -> torch.Tensor:
+              query_pos: torch.Tensor, last_mlp_at_query: bool = False,
+              last_attention_at_query: bool = False) -> torch.Tensor:
     """Blocks start..L-1 from `resid` [row, pos, d_model], then final norm + unembed at query_pos [row] -> [row, vocab].
 
     last_mlp_at_query: the last block's MLP sees only the query rows [row, 1, d_model]; its output
     broadcasts over positions in the residual add, which is right at the query rows (all that is read).
+    last_attention_at_query: a GPT-NeoX last block runs at the query rows altogether (_neox_block_at_query:
+    keys and values at every position, the rest at the query); only when no hook reads that block.
     """
     x = resid
     n_layers = len(model.blocks)
     rows_index = torch.arange(x.shape[0], device=x.device)
+    query_block = (last_attention_at_query and last_mlp_at_query and start < n_layers
+                   and _neox_layer(model, n_layers - 1) is not None)
     handle = None
-    if last_mlp_at_query and start < n_layers:
+    if last_mlp_at_query and start < n_layers and not query_block:
 
         def query_rows_only(module, args, kwargs):
             hidden = args[0] if args else kwargs.pop("hidden_states")
@@ -228,6 +237,9 @@ def _run_tail(model: Any, recorder: _Recorder, start: int, resid: torch.Tensor, 
             args, kwargs = recorder.calls[layer]
             args = _fit_batch(args, rows, index, repeat)
             kwargs = {key: _fit_batch(value, rows, index, repeat) for key, value in kwargs.items()}
+            if query_block and layer == n_layers - 1:
+                picked = _neox_block_at_query(_neox_layer(model, layer), x, kwargs, rows_index, query_pos)
+                return model.unembed(model.ln_final(picked))[:, 0, :]
             out = model.blocks[layer](x, *args, **kwargs)
             x = out[0] if isinstance(out, tuple) else out
     finally:
@@ -236,6 +248,59 @@ def _run_tail(model: Any, recorder: _Recorder, start: int, resid: torch.Tensor, 
     picked = x[rows_index, query_pos][:, None, :]  # [row, 1, d_model]
     logits = model.unembed(model.ln_final(picked))
     return logits[:, 0, :]
+
+
+def _neox_layer(model: Any, layer: int) -> GPTNeoXLayer | None:
+    """Block `layer`'s Hugging Face GPTNeoXLayer when it is one (with its GPTNeoXAttention inside the bridge), else None."""
+    hf_layer = getattr(model.blocks[layer], "original_component", None)
+    if not isinstance(hf_layer, GPTNeoXLayer):
+        return None
+    return hf_layer if isinstance(getattr(hf_layer.attention, "original_component", None), GPTNeoXAttention) else None
+
+
+def _neox_block_at_query(layer: GPTNeoXLayer, x: torch.Tensor, kwargs: dict, rows_index: torch.Tensor,
+                         query_pos: torch.Tensor) -> torch.Tensor:
+    """A GPT-NeoX block's output at each row's query position only: x [row, pos, d_model] -> [row, 1, d_model].
+
+    Why: nothing after the last block reads another position, and its attention over every query
+    position (scores and softmax over [row, head, pos, pos]) is most of a condition's time on a small
+    model. Keys and values are still computed at every position; the query, attention weights, W_O and
+    the MLP only at the query. The arithmetic is transformers' eager GPTNeoXAttention (softmax in
+    float32) and GPTNeoXLayer; the engine's self-check compares it with the clean logits.
+    kwargs: the block's recorded call (position_embeddings (cos, sin), attention_mask [row or 1, 1, pos, pos]).
+    """
+    attention = layer.attention.original_component  # GPTNeoXAttention: query_key_value, dense
+    n_rows, n_pos, _ = x.shape
+    qkv = attention.query_key_value(layer.input_layernorm(x)).view(n_rows, n_pos, -1, 3 * attention.head_size)
+    query, key, value = qkv.transpose(1, 2).chunk(3, dim=-1)  # [row, head, pos, d_head] each
+    cos, sin = kwargs["position_embeddings"]
+    query, key = apply_rotary_pos_emb(query, key, cos, sin)
+    query = query[rows_index, :, query_pos][:, :, None, :]  # [row, head, 1, d_head]
+    scores = torch.matmul(query, key.transpose(2, 3)) * attention.scaling  # [row, head, 1, pos]
+    scores = scores + _query_mask(kwargs.get("attention_mask"), rows_index, query_pos, n_pos, scores.dtype)
+    weights = torch.nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    z = torch.matmul(weights, value)  # [row, head, 1, d_head]
+    attn_out = attention.dense(z.transpose(1, 2).reshape(n_rows, 1, -1))  # [row, 1, d_model]
+    x_query = x[rows_index, query_pos][:, None, :]
+    if layer.use_parallel_residual:
+        return layer.mlp(layer.post_attention_layernorm(x_query)) + attn_out + x_query
+    attn_out = attn_out + x_query
+    return layer.mlp(layer.post_attention_layernorm(attn_out)) + attn_out
+
+
+def _query_mask(mask: torch.Tensor | None, rows_index: torch.Tensor, query_pos: torch.Tensor, n_pos: int,
+                dtype: torch.dtype) -> torch.Tensor:
+    """The additive attention mask of each row's query row [row, 1, 1, pos]: the recorded mask's row
+    (float: added as is; bool: True = may attend), or causal when none was recorded."""
+    if mask is not None and mask.dtype != torch.bool:
+        rows = mask[rows_index if mask.shape[0] > 1 else torch.zeros_like(rows_index), 0, query_pos]  # [row, pos]
+        return rows[:, None, None, :].to(dtype)
+    if mask is None:
+        allowed = torch.arange(n_pos, device=query_pos.device)[None, :] <= query_pos[:, None]
+    else:
+        allowed = mask[rows_index if mask.shape[0] > 1 else torch.zeros_like(rows_index), 0, query_pos]
+    blocked = torch.zeros(allowed.shape, dtype=dtype, device=query_pos.device).masked_fill(~allowed, torch.finfo(dtype).min)
+    return blocked[:, None, None, :]
 
 
 def _adds_attention_to_residual(model: Any, layer: int) -> bool:
@@ -319,8 +384,10 @@ def _condition_logits(model: Any, rec: _Recorder, chunk: Sequence[Ablation], sta
         first = start
         resid = rec.resid_before(start)[:n_rows].repeat(reps, 1, 1)
     last_mlp_at_query = last_mlp_at_query and not any(n_layers - 1 in a.mlp_layers for a in chunk)
+    last_attention_at_query = not any(n_layers - 1 in a.heads.layers for a in chunk)  # no hook reads that attention
     with model.hooks(fwd_hooks=hooks):
-        return _run_tail(model, rec, first, resid, rows, index, reps, query[:n_rows].repeat(reps), last_mlp_at_query)
+        return _run_tail(model, rec, first, resid, rows, index, reps, query[:n_rows].repeat(reps), last_mlp_at_query,
+                         last_attention_at_query)
 
 
 def _masked(mask: torch.Tensor | None) -> dict:
@@ -504,7 +571,9 @@ def stream_conditions(
             "only the blocks from there on were recomputed."
         )
         if last_mlp_at_query:
-            notes.append("the last block's MLP ran at the query positions only.")
+            notes.append("the last block's MLP ran at the query positions only"
+                         + (" (a GPT-NeoX block's attention too, where the condition left its heads alone)."
+                            if _neox_layer(model, n_layers - 1) is not None else "."))
         if shortcut_starts:
             notes.append("parallel-residual start layers were not replayed: the clean block output plus the ablated "
                          "heads' change through W_O was used.")

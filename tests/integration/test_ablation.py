@@ -193,8 +193,43 @@ def test_prefix_reuse_equals_full_recomputation_and_skips_lower_blocks(tiny):
     # Block 0 runs in the clean forward and the mean pre-pass only: the one condition starting there
     # ablates heads alone, so this parallel-residual layer is skipped (its clean output + the heads' change).
     assert counted[0] == 2
-    # Block 2: clean + mean pass + every condition but the first, which skips its own start layer 2.
-    assert counted[2] == 2 + len(conditions) - 1
+    # Block 2 (the last) runs whole in the clean forward, the mean pass and the 6 conditions that ablate its
+    # heads or an MLP at or after it; the 3 others run it at the query rows (_neox_block_at_query), and the
+    # first skips its own start layer 2.
+    assert counted[2] == 2 + 6
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+@pytest.mark.parametrize("padding", ["none", "left"])
+def test_the_last_block_at_the_query_rows_equals_the_whole_block(tiny, tiny_sequential, parallel, padding):
+    """_neox_block_at_query against the bridge's own block at each row's query position, on the block's
+    recorded call (rotary cos/sin, the causal mask; with left padding the mask hides the first tokens)."""
+    _, model = tiny if parallel else tiny_sequential
+    batch = _batch(n=6, seed=2)
+    last = N_LAYERS - 1
+    recorded = {}
+
+    def keep(module, args, kwargs):  # what the engine's recorder keeps (no KV cache)
+        recorded["x"] = args[0] if args else kwargs["hidden_states"]
+        recorded["kwargs"] = ablation_module._clean_block_kwargs(args, kwargs)[1]
+
+    mask = {}
+    if padding == "left":
+        pad = torch.ones_like(batch.tokens)
+        pad[::2, :3] = 0  # every other row: three padding tokens first
+        mask = {"attention_mask": pad}
+    handle = model.blocks[last].register_forward_pre_hook(keep, with_kwargs=True)
+    with torch.no_grad():
+        model(batch.tokens, **mask)
+        handle.remove()
+        x, kwargs = recorded["x"], recorded["kwargs"]
+        whole = model.blocks[last](x, **kwargs)
+        whole = whole[0] if isinstance(whole, tuple) else whole  # [row, pos, d_model]
+        rows = torch.arange(x.shape[0])
+        at_query = ablation_module._neox_block_at_query(ablation_module._neox_layer(model, last), x, kwargs, rows,
+                                                        batch.query_pos)
+    assert at_query.shape == (x.shape[0], 1, x.shape[2])
+    torch.testing.assert_close(at_query[:, 0], whole[rows, batch.query_pos], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("family", ["llama", "olmoe", "hhg", "gpt_neox_norotary"])
