@@ -10,6 +10,7 @@ import argparse
 from typing import Any
 
 from core.ablation.spec import PROBE_MODES, mode_help
+from core.cli.backend import add_backend_arguments, executor_from_args
 from core.cli.probe import add_probe_spec_arguments, probe_spec_from_args, seed_arg
 from core.figures.bundle import export_bundle
 from core.figures.coactivation import coactivation_bundles
@@ -50,6 +51,7 @@ def add_coactivation_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-closure", action="store_true", help="stop after the proposal (no ablation)")
     parser.add_argument("--figures", default=None, metavar="DIR",
                         help="also export the figures (PNG/SVG/PDF + CSV/JSON) into DIR")
+    add_backend_arguments(parser)
 
 
 def settings_from_args(args: argparse.Namespace) -> CoactivationSettings:
@@ -101,7 +103,7 @@ def print_summary(report: CoactivationReport) -> None:
 def cli_coactivation(args: argparse.Namespace) -> dict:
     report = coactivation(ModelRef.parse(args.model), args.revision, probe_spec_from_args(args),
                           settings_from_args(args), device=args.device, say=lambda text: print(f"... {text}"),
-                          dtype=args.dtype)
+                          dtype=args.dtype, executor=executor_from_args(args))
     print_summary(report)
     if args.figures:
         for bundle in coactivation_bundles(report):

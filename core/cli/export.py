@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from core.ablation.spec import PROBE_MODES, mode_help
 from core.ablation.study import AblationSettings, ablation_study
+from core.cli.backend import add_backend_arguments, executor_from_args
 from core.cli.probe import add_probe_spec_arguments, probe_spec_from_args, seed_arg
 from core.errors import HeadLabError
 from core.figures.ablation import ablation_bundles
@@ -56,6 +57,7 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--formats", default=",".join(IMAGE_FORMATS),
                         help="image formats, comma-separated (default png,svg,pdf); CSV and JSON are always written")
     add_probe_spec_arguments(parser)
+    add_backend_arguments(parser)
 
 
 def _formats(text: str) -> tuple[str, ...]:
@@ -91,7 +93,8 @@ def cli_export(args: argparse.Namespace) -> dict:
             settings = ScreenSettings(k=k, definition=args.pr,
                                       n_null_draws=500 if args.task == "induction" else 0)  # the null is an induction statistic
             report = screen(ref, spec, settings, device=args.device,
-                            progress=lambda done, total, revision: bar.update(1), dtype=args.dtype)
+                            progress=lambda done, total, revision: bar.update(1), dtype=args.dtype,
+                            executor=executor_from_args(args))
         finally:
             bar.close()
         index = [c.revision for c in report.checkpoints].index(checkpoint.revision)

@@ -7,6 +7,7 @@ import math
 from dataclasses import replace
 
 from core.ablation.spec import PROBE_MODES, mode_help
+from core.cli.backend import add_backend_arguments, executor_from_args
 from core.cli.probe import add_probe_spec_arguments, probe_spec_from_args, seed_arg
 from core.model.refs import ModelRef
 from core.pipelines.proposers import DEFAULT_CONTROLS, DISPOSER, proposers_vs_disposer
@@ -22,6 +23,7 @@ def add_proposers_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--control-kind", choices=("any-layer", "matched"), default="any-layer")
     parser.add_argument("--mode", choices=PROBE_MODES, default="zero", help=mode_help(PROBE_MODES))
     parser.add_argument("--control-seed", type=seed_arg, default=123, help="control draw seed")
+    add_backend_arguments(parser)
 
 
 def cli_proposers(args: argparse.Namespace) -> dict:
@@ -29,7 +31,7 @@ def cli_proposers(args: argparse.Namespace) -> dict:
     disposer = replace(DISPOSER, n_controls=args.controls, controls=args.control_kind, mode=args.mode,
                        seed=args.control_seed)
     report = proposers_vs_disposer(ref, args.revision, probe_spec_from_args(args), args.size, disposer, args.device,
-                                   progress=print, dtype=args.dtype)
+                                   progress=print, dtype=args.dtype, executor=executor_from_args(args))
     for row in report.rows():
         z = {k[2:]: v for k, v in row.items() if k.startswith("z ") and v is not None}
         z_text = "  ".join(f"z_{m}={v:+.2f}" for m, v in z.items() if not math.isnan(v))

@@ -44,6 +44,7 @@ import numpy as np
 from core.ablation.spec import PROBE_MODES
 from core.ablation.study import AblationSettings
 from core.errors import HeadLabError
+from core.executor import Executor
 from core.heads import Head, HeadSet, head_name
 from core.model.loading import DEFAULT_DTYPE, load_config, load_model
 from core.model.refs import resolve_checkpoint
@@ -465,7 +466,7 @@ def _report_settings(given: CoactivationSettings, used: CoactivationSettings, he
 
 def coactivation(ref: Any, revision: str | None, spec: Any, settings: CoactivationSettings = CoactivationSettings(),
                  *, device: str = "cpu", model: Any = None, say: Optional[Callable[[str], None]] = None,
-                 dtype: str = DEFAULT_DTYPE) -> CoactivationReport:
+                 dtype: str = DEFAULT_DTYPE, executor: Optional[Executor] = None) -> CoactivationReport:
     """The co-activation pipeline on checkpoint `revision` (None: the final one) of `ref` with probe `spec`.
 
     settings: unset top_k / ks / min_size / max_size take default_settings for this model's size.
@@ -473,6 +474,7 @@ def coactivation(ref: Any, revision: str | None, spec: Any, settings: Coactivati
     reference ranks over its whole trajectory); the Step-2 classes are those at `revision`.
     model: an already loaded model of this checkpoint (else loaded when needed, on `device` in `dtype`;
     a given model should be in `dtype` too, as the other checkpoints' statistics are measured in it).
+    executor: where the screen's passes over the checkpoints run (core/pipelines/sweep.py; default here).
     """
     say = say or (lambda text: None)
     started = time.perf_counter()
@@ -501,7 +503,8 @@ def coactivation(ref: Any, revision: str | None, spec: Any, settings: Coactivati
                      f"{', '.join(head_name(divmod(int(f), n_head)) for f in constant)}.")
 
     say("screening checkpoints for the PR-integral ranking and the Step-2 classes")
-    report = screen(ref, spec, ScreenSettings(k=st.top_k, n_null_draws=0), device=device, dtype=dtype)
+    report = screen(ref, spec, ScreenSettings(k=st.top_k, n_null_draws=0), device=device, dtype=dtype,
+                    executor=executor)
     if checkpoint.revision == report.checkpoints[-1].revision:
         here = report.final
     else:

@@ -26,6 +26,7 @@ import torch
 
 from core.ablation.study import AblationSettings, ablation_study
 from core.errors import HeadLabError
+from core.executor import Executor
 from core.heads import HeadSet, head_name, parse_heads
 from core.model.loading import DEFAULT_DTYPE, dtype_name, load_hf_model, load_model
 from core.model.refs import resolve_checkpoint
@@ -208,16 +209,17 @@ def dispose(model: Any, batch: Any, proposal: CircuitProposal, settings: Ablatio
 def proposers_vs_disposer(ref: Any, revision: Optional[str], spec: Any, size: Optional[int] = None,
                           disposer: AblationSettings = DISPOSER, device: str = "cpu",
                           progress: Optional[Callable[[str], None]] = None,
-                          dtype: str = DEFAULT_DTYPE) -> ProposersReport:
+                          dtype: str = DEFAULT_DTYPE, executor: Optional[Executor] = None) -> ProposersReport:
     """Propose with all four methods on one checkpoint and dispose of each with the same closure test.
 
     disposer: that closure test's settings (DISPOSER, or e.g. `replace(DISPOSER, n_controls=5)`).
-    device, dtype: where and in which precision the models run.
+    device, dtype: where and in which precision the models run; executor: where the screen's passes over the
+    checkpoints run (core/pipelines/sweep.py; the co-activation proposal then reads them from the cache).
     """
     say = progress or (lambda text: None)
     checkpoint = resolve_checkpoint(ref, revision)
     say("screening checkpoints (Steps 1-2)")
-    report = screen(ref, spec, device=device, dtype=dtype)
+    report = screen(ref, spec, device=device, dtype=dtype, executor=executor)
     if report.checkpoints[-1].revision != checkpoint.revision:
         say(f"note: the spectral and screen proposals use the final checkpoint {report.checkpoints[-1].revision}")
     screen_prop = screen_proposal(report)

@@ -98,3 +98,27 @@ def test_an_interrupted_sweep_resumes_without_recomputing(tmp_path, monkeypatch)
     rows = probe_sweep(items, SPEC, RayExecutor(), threads=1)
     assert [(r["revision"], r["status"]) for r in rows] == [
         ("step000000", "cached"), ("step000010", "computed"), ("step000000", "cached"), ("step000010", "computed")]
+
+
+@pytest.mark.parametrize("command", [
+    ["coactivation", "tiny-neox", "--no-closure", "--drop-constant"],
+    ["proposers", "tiny-neox", "--controls", "2"],
+    ["export", "tiny-neox", "--figure", "spectral", "--formats", "png"],
+])
+def test_the_long_commands_run_their_screen_on_the_ray_backend(tmp_path, monkeypatch, command):
+    """coactivation, proposers and export --backend ray: the screen's passes go out as one sweep on Ray
+    (the running local instance); the sweep itself is the real one, watched here."""
+    monkeypatch.setenv("HEADLAB_HOME", str(tmp_path / "home"))
+    make_fake_zoo(zoo_dir(), "tiny-neox", "gpt_neox", steps=(10, 100, 1000))  # a trajectory for the PR-integral
+    seen = []
+
+    def watched(items, spec, executor=None, **options):
+        seen.append(executor.backend)
+        return probe_sweep(items, spec, executor, **options)
+
+    monkeypatch.setattr("core.pipelines.recipe.probe_sweep", watched)
+    from core.__main__ import main
+
+    out = ["--out", str(tmp_path / "figures")] if command[0] == "export" else []
+    assert main(command + out + ["--n", "12", "--seq-len", "24", "--token-high", "250", "--backend", "ray"]) == 0
+    assert seen and set(seen) == {"ray"}
