@@ -415,10 +415,13 @@ def stored_cross_seed(models: tuple[str, ...], spec_json: str, n_controls: int, 
     return _stored(_cross_seed_key(models, spec_json, n_controls, dtype))
 
 
-def run_cross_seed(models: tuple[str, ...], spec_json: str, n_controls: int, dtype: str = DEFAULT_DTYPE):
-    """Each model's final circuit ablated in each model (matched-random controls), stored."""
+def run_cross_seed(models: tuple[str, ...], spec_json: str, n_controls: int, dtype: str = DEFAULT_DTYPE,
+                   backend: str = "serial"):
+    """Each model's final circuit ablated in each model (matched-random controls), stored; on the Ray
+    backend one task per target model."""
+    executor = None if backend == "serial" else _executor_for_the_server(backend)
     matrix = cross_seed_matrix([ModelRef.parse(m) for m in models], spec_from_json(spec_json), n_controls=n_controls,
-                               dtype=dtype)
+                               dtype=dtype, executor=executor)
     return _store(_cross_seed_key(models, spec_json, n_controls, dtype), matrix)
 
 

@@ -88,7 +88,7 @@ seed_controls = int(s2.number_input("Random draws", 1, 200, 20, key="dyn_seed_co
 matrix = stored_cross_seed(tuple(models), ws.spec_json, seed_controls, ws.dtype)
 if st.button("Run cross-seed ablation", key="dyn_run_cross_seed", disabled=not models) and matrix is None:
     with st.spinner(f"Ablating {len(models)} circuits in {len(models)} models..."):
-        matrix = guarded(lambda: run_cross_seed(tuple(models), ws.spec_json, seed_controls, ws.dtype), stop=False)
+        matrix = guarded(lambda: run_cross_seed(tuple(models), ws.spec_json, seed_controls, ws.dtype, ws.backend), stop=False)
 if matrix is not None:
     show_figure(cross_seed_figure(matrix), "dyn_cross_seed")
     for a, row in enumerate(matrix.reasons):

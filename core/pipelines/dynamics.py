@@ -31,7 +31,7 @@ import numpy as np
 
 from core.ablation.study import AblationSettings, ablation_study
 from core.errors import HeadLabError
-from core.executor import Executor
+from core.executor import Executor, Task
 from core.heads import Head, HeadSet, parse_heads
 from core.model.loading import DEFAULT_DTYPE, dtype_name, load_config, load_model
 from core.model.refs import list_checkpoints, list_zoo, read_manifest
@@ -207,15 +207,40 @@ def _stored_cell(path: Optional[Path], settings: dict) -> Optional[dict]:
     return data if data.get("settings") == settings else None
 
 
+def matrix_column(ref_b: Any, revision: str, spec: Any, circuits: Sequence[tuple[int, str]], own_circuit: str,
+                  n_controls: int, seed: int, mode: str, device: str, dtype: str) -> list[tuple[int, Optional[dict], str]]:
+    """One column of the cross-seed matrix: each (row, circuit text) ablated in target ref_b@revision.
+
+    A unit of work on its own (loads the target once; keys in, cells out), so columns can fan out over an
+    executor. Returns (row, cell or None, reason) per circuit.
+    """
+    model = load_model(ref_b, revision, device=device, dtype=dtype)
+    batch = spec.build()
+    own = parse_heads(own_circuit) if own_circuit else HeadSet.of(())
+    out = []
+    for row, text in circuits:
+        circuit = parse_heads(text)
+        try:
+            circuit.validate(int(model.cfg.n_layers), int(model.cfg.n_heads))
+            result = ablate_with_controls(model, batch, circuit, n_controls, seed, mode, device)
+            out.append((row, cell_summary(result, own), ""))
+        except HeadLabError as exc:
+            out.append((row, None, str(exc)))
+    return out
+
+
 def cross_seed_matrix(models: Sequence[Any], spec: Any, circuits: Optional[dict[str, HeadSet]] = None,
                       n_controls: int = 20, seed: int = 123, device: str = "cpu",
                       progress: Optional[ProgressFn] = None, store_dir: Optional[Path] = None,
-                      force: bool = False, dtype: str = DEFAULT_DTYPE) -> CrossSeedMatrix:
+                      force: bool = False, dtype: str = DEFAULT_DTYPE,
+                      executor: Optional[Executor] = None) -> CrossSeedMatrix:
     """Zero-ablate every model's circuit in every model, each against matched-random controls in the target.
 
     models: ModelRefs; circuits: {model name: HeadSet} (default: each model's final circuit).
     store_dir: one JSON per cell, reused when its settings match (unless force), so a long run resumes.
     device, dtype: where and in which precision the models run (a cell's settings name a dtype other than float32).
+    executor: a Ray executor computes the missing cells one task per target model (matrix_column: it loads
+    the target once); None or serial: here, column by column.
     """
     mode = "zero"  # as the reference [CVC]; a mode parameter would take this signature past ten
     _induction_spec(spec)
@@ -237,9 +262,11 @@ def cross_seed_matrix(models: Sequence[Any], spec: Any, circuits: Optional[dict[
     cells: list[list[Optional[dict]]] = [[None] * n for _ in range(n)]
     reasons = [[""] * n for _ in range(n)]
     done, total = 0, n * n
+    columns: list[tuple[int, str, list[tuple[int, str]]]] = []  # (target, its final revision, rows to compute)
+    where: dict[tuple[int, int], tuple[Optional[Path], dict]] = {}  # (row, target) -> where the cell is stored
     for b, ref_b in enumerate(refs):
-        model_b = None
         final_b = list_checkpoints(ref_b)[-1].revision
+        missing = []
         for a, ref_a in enumerate(refs):
             circuit = circuits[ref_a.name]
             cell_settings = {**settings, "source": ref_a.name, "target": ref_b.name, "revision": final_b,
@@ -251,19 +278,34 @@ def cross_seed_matrix(models: Sequence[Any], spec: Any, circuits: Optional[dict[
             elif len(circuit) == 0:
                 reasons[a][b] = f"{ref_a.name} has no circuit (no head reaches the membership threshold)."
             else:
-                if model_b is None:
-                    model_b = load_model(ref_b, final_b, device=device, dtype=dtype)
-                try:
-                    circuit.validate(int(model_b.cfg.n_layers), int(model_b.cfg.n_heads))
-                    result = ablate_with_controls(model_b, batch, circuit, n_controls, seed, mode, device)
-                    cells[a][b] = cell_summary(result, circuits[ref_b.name])
-                except HeadLabError as exc:
-                    reasons[a][b] = str(exc)
-                if path is not None:
-                    atomic_write_json(path, {"settings": cell_settings, "cell": cells[a][b], "reason": reasons[a][b]})
+                missing.append((a, str(circuit)))
+                where[(a, b)] = (path, cell_settings)
+                continue
             done += 1
             if progress:
                 progress(done, total, f"{ref_a.name} in {ref_b.name}")
+        if missing:
+            columns.append((b, final_b, missing))
+
+    def column_args(b: int, final_b: str, missing: list) -> tuple:
+        return (refs[b], final_b, spec, missing, str(circuits[names[b]]), n_controls, seed, mode, device, dtype)
+
+    if executor is None or executor.backend == "serial":
+        results = ((k, matrix_column(*column_args(*column))) for k, column in enumerate(columns))
+    else:
+        tasks = [Task(f"cross-seed column {names[b]}", matrix_column, column_args(b, final_b, missing))
+                 for b, final_b, missing in columns]
+        results = executor.results(tasks)
+    for k, column_cells in results:
+        b = columns[k][0]
+        for a, cell, reason in column_cells:
+            cells[a][b], reasons[a][b] = cell, reason
+            path, cell_settings = where[(a, b)]
+            if path is not None:
+                atomic_write_json(path, {"settings": cell_settings, "cell": cell, "reason": reason})
+            done += 1
+            if progress:
+                progress(done, total, f"{names[a]} in {names[b]}")
     return CrossSeedMatrix(tuple(names), tuple(str(circuits[nm]) for nm in names),
                            tuple(tuple(r) for r in cells), tuple(tuple(r) for r in reasons), settings)
 

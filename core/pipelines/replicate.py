@@ -298,7 +298,7 @@ def _run_seed(ctx: Context, names: list[str]) -> Measurement:
     ctx.say(f"cross-seed ablation: {len(names)} x {len(names)} cells, {ctx.n_controls} matched-random controls each")
     matrix = cross_seed_matrix([ctx.ref(n) for n in names], ctx.spec, circuits, ctx.n_controls, ctx.control_seed,
                                device=ctx.device, dtype=ctx.dtype, store_dir=ctx.out / "measurements" / "cross-seed",
-                               force=ctx.force,
+                               force=ctx.force, executor=ctx.executor,
                                progress=lambda done, total, what: ctx.say(f"  cell {done}/{total}: {what}"))
     spec = matrix.specificity("loss")
     measured = {"n_models": len(names), **{k: v for k, v in spec.items() if k != "metric"},

@@ -122,3 +122,23 @@ def test_the_long_commands_run_their_screen_on_the_ray_backend(tmp_path, monkeyp
     out = ["--out", str(tmp_path / "figures")] if command[0] == "export" else []
     assert main(command + out + ["--n", "12", "--seq-len", "24", "--token-high", "250", "--backend", "ray"]) == 0
     assert seen and set(seen) == {"ray"}
+
+
+def test_the_cross_seed_matrix_fans_out_one_task_per_target(tmp_path, monkeypatch):
+    """cross_seed_matrix on Ray (one task per target model: matrix_column) gives the serial matrix cell for
+    cell, at one thread each; the stored cells are reused by the next run."""
+    from core.heads import HeadSet
+    from core.pipelines.dynamics import cross_seed_matrix
+
+    monkeypatch.setenv("HEADLAB_HOME", str(tmp_path / "home"))
+    for seed, name in enumerate(("tiny-a", "tiny-b")):
+        make_fake_zoo(zoo_dir(), name, "gpt_neox", steps=(10, 100), seed=seed)
+    refs = [ModelRef.parse("tiny-a"), ModelRef.parse("tiny-b")]
+    circuits = {"tiny-a": HeadSet(((1, 0),)), "tiny-b": HeadSet(((0, 1), (1, 2)))}
+    torch.set_num_threads(1)  # the Ray tasks run one thread each: the same arithmetic
+    serial = cross_seed_matrix(refs, SPEC, circuits, n_controls=3)
+    spread = cross_seed_matrix(refs, SPEC, circuits, n_controls=3, executor=RayExecutor(), store_dir=tmp_path / "cells")
+    assert spread.to_json() == serial.to_json()
+    assert all(cell is not None for row in serial.cells for cell in row)
+    again = cross_seed_matrix(refs, SPEC, circuits, n_controls=3, executor=RayExecutor(), store_dir=tmp_path / "cells")
+    assert again.to_json() == serial.to_json() and len(list((tmp_path / "cells").glob("*.json"))) == 4
