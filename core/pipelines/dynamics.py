@@ -208,13 +208,14 @@ def _stored_cell(path: Optional[Path], settings: dict) -> Optional[dict]:
 
 
 def matrix_column(ref_b: Any, revision: str, spec: Any, circuits: Sequence[tuple[int, str]], own_circuit: str,
-                  n_controls: int, seed: int, mode: str, device: str, dtype: str) -> list[tuple[int, Optional[dict], str]]:
+                  n_controls: int, seed: int, mode: str, device: str, dtype: str,
+                  model: Any = None) -> list[tuple[int, Optional[dict], str]]:
     """One column of the cross-seed matrix: each (row, circuit text) ablated in target ref_b@revision.
 
     A unit of work on its own (loads the target once; keys in, cells out), so columns can fan out over an
-    executor. Returns (row, cell or None, reason) per circuit.
+    executor. Returns (row, cell or None, reason) per circuit. model: the loaded target, if the caller has it.
     """
-    model = load_model(ref_b, revision, device=device, dtype=dtype)
+    model = model if model is not None else load_model(ref_b, revision, device=device, dtype=dtype)
     batch = spec.build()
     own = parse_heads(own_circuit) if own_circuit else HeadSet.of(())
     out = []
@@ -290,8 +291,14 @@ def cross_seed_matrix(models: Sequence[Any], spec: Any, circuits: Optional[dict[
     def column_args(b: int, final_b: str, missing: list) -> tuple:
         return (refs[b], final_b, spec, missing, str(circuits[names[b]]), n_controls, seed, mode, device, dtype)
 
+    def here():  # one cell at a time, so each is stored as soon as it is measured (a long run resumes)
+        for k, (b, final_b, missing) in enumerate(columns):
+            model = load_model(refs[b], final_b, device=device, dtype=dtype)
+            for row in missing:
+                yield k, matrix_column(*column_args(b, final_b, [row]), model=model)
+
     if executor is None or executor.backend == "serial":
-        results = ((k, matrix_column(*column_args(*column))) for k, column in enumerate(columns))
+        results = here()
     else:
         tasks = [Task(f"cross-seed column {names[b]}", matrix_column, column_args(b, final_b, missing))
                  for b, final_b, missing in columns]
