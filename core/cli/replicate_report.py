@@ -190,7 +190,8 @@ def report_markdown(report: ReplicationReport, writer: Optional[FigureWriter] = 
     if variants:
         lines += ["| claim | paper | published | " + " | ".join(variants) + " |", "|---|---|---|" + "---|" * len(variants)]
         for claim_id, measured in by_id.items():
-            cells = [f"**{_cell(c.verdict)}**: {_cell(c.measured_text)}" for c in measured]
+            cells = [f"**{_cell(c.verdict)}**" + ("" if c.measured_text == c.verdict else f": {_cell(c.measured_text)}")
+                     for c in measured]  # a claim not run says why once
             lines.append(f"| {claim_id} | {measured[0].paper} | {_cell(measured[0].published)} | " + " | ".join(cells) + " |")
         lines += ["", variant_finding(report.claims), ""]
     else:

@@ -353,18 +353,23 @@ def test_attribution_report_shows_each_mean_variant_side_by_side(tmp_path):
                          measured={"heroes_per_layer": heroes, "bloats_per_layer": {"1": 4}})
         return [rho, layers]
 
+    waiting = "not run: waiting for sort-hhg-s9 (not trained)"
     claims = measured("mean", 0.61, 0.4, {"3": 5}) + measured("mean-per-position", -0.22, 0.17, {"0": 1, "3": 2})
+    claims += [replace(CLAIMS["hhg-superadditive"], variant=v, verdict=waiting, measured_text=waiting)
+               for v in ("mean", "mean-per-position")]
     report = rw.ReplicationReport("attribution", "paper", tuple(claims), tmp_path, 2.0,
                                   {"attribution": {"gradient_variant": "paper"}})
     text = rw.report_markdown(report)
+    waiting_row = next(line for line in text.splitlines() if line.startswith("| hhg-superadditive |"))
+    assert waiting_row.count("waiting for sort-hhg-s9") == 2  # once per variant, not twice in each cell
     assert "| claim | paper | published | mean | mean-per-position |" in text
     row = next(line for line in text.splitlines() if line.startswith("| hhg-rho-sort |"))
     assert "**did not hold**: rho 0.61 vs 0.4" in row and "rho -0.22 vs 0.17" in row
     assert ("`mean`: reversal +0.61, sorting +0.40, heroes by layer L0/L1/L2/L3 0/0/0/5, bloats 0/4/0/0; "
             "`mean-per-position`: reversal -0.22, sorting +0.17, heroes by layer L0/L1/L2/L3 1/0/0/2") in text
     assert "### hhg-layers under `mean-per-position` ablation" in text and text.count("## hhg-rho-sort:") == 1
-    assert [c.key for c in claims] == ["hhg-rho-sort-mean", "hhg-layers-mean", "hhg-rho-sort-mean-per-position",
-                                       "hhg-layers-mean-per-position"]
+    assert [c.key for c in claims[:4]] == ["hhg-rho-sort-mean", "hhg-layers-mean", "hhg-rho-sort-mean-per-position",
+                                           "hhg-layers-mean-per-position"]
     assert Claim.from_json(claims[2].to_json()).variant == "mean-per-position"
 
 
