@@ -207,10 +207,13 @@ def _stored_cell(path: Optional[Path], settings: dict) -> Optional[dict]:
     return data if data.get("settings") == settings else None
 
 
+MATRIX_MODE = "zero"  # the cross-seed matrix zero-ablates, as the reference [CVC]
+
+
 def matrix_column(ref_b: Any, revision: str, spec: Any, circuits: Sequence[tuple[int, str]], own_circuit: str,
-                  n_controls: int, seed: int, mode: str, device: str, dtype: str,
+                  n_controls: int, seed: int, device: str, dtype: str,
                   model: Any = None) -> list[tuple[int, Optional[dict], str]]:
-    """One column of the cross-seed matrix: each (row, circuit text) ablated in target ref_b@revision.
+    """One column of the cross-seed matrix: each (row, circuit text) zero-ablated in target ref_b@revision.
 
     A unit of work on its own (loads the target once; keys in, cells out), so columns can fan out over an
     executor. Returns (row, cell or None, reason) per circuit. model: the loaded target, if the caller has it.
@@ -223,7 +226,7 @@ def matrix_column(ref_b: Any, revision: str, spec: Any, circuits: Sequence[tuple
         circuit = parse_heads(text)
         try:
             circuit.validate(int(model.cfg.n_layers), int(model.cfg.n_heads))
-            result = ablate_with_controls(model, batch, circuit, n_controls, seed, mode, device)
+            result = ablate_with_controls(model, batch, circuit, n_controls, seed, MATRIX_MODE, device)
             out.append((row, cell_summary(result, own), ""))
         except HeadLabError as exc:
             out.append((row, None, str(exc)))
@@ -233,17 +236,16 @@ def matrix_column(ref_b: Any, revision: str, spec: Any, circuits: Sequence[tuple
 def cross_seed_matrix(models: Sequence[Any], spec: Any, circuits: Optional[dict[str, HeadSet]] = None,
                       n_controls: int = 20, seed: int = 123, device: str = "cpu",
                       progress: Optional[ProgressFn] = None, store_dir: Optional[Path] = None,
-                      force: bool = False, dtype: str = DEFAULT_DTYPE,
-                      executor: Optional[Executor] = None) -> CrossSeedMatrix:
+                      dtype: str = DEFAULT_DTYPE, executor: Optional[Executor] = None) -> CrossSeedMatrix:
     """Zero-ablate every model's circuit in every model, each against matched-random controls in the target.
 
     models: ModelRefs; circuits: {model name: HeadSet} (default: each model's final circuit).
-    store_dir: one JSON per cell, reused when its settings match (unless force), so a long run resumes.
+    store_dir: one JSON per cell, reused when its settings match, so a long run resumes (empty it to measure again).
     device, dtype: where and in which precision the models run (a cell's settings name a dtype other than float32).
     executor: a Ray executor computes the missing cells one task per target model (matrix_column: it loads
     the target once); None or serial: here, column by column.
     """
-    mode = "zero"  # as the reference [CVC]; a mode parameter would take this signature past ten
+    mode = MATRIX_MODE
     _induction_spec(spec)
     refs = list(models)
     if not refs:
@@ -273,7 +275,7 @@ def cross_seed_matrix(models: Sequence[Any], spec: Any, circuits: Optional[dict[
             cell_settings = {**settings, "source": ref_a.name, "target": ref_b.name, "revision": final_b,
                              "circuit": str(circuit), "own_circuit": str(circuits[ref_b.name])}
             path = None if store_dir is None else Path(store_dir) / f"{ref_a.name}__in__{ref_b.name}.json"
-            stored = None if force else _stored_cell(path, cell_settings)
+            stored = _stored_cell(path, cell_settings)
             if stored is not None:
                 cells[a][b], reasons[a][b] = stored["cell"], stored["reason"]
             elif len(circuit) == 0:
@@ -289,7 +291,7 @@ def cross_seed_matrix(models: Sequence[Any], spec: Any, circuits: Optional[dict[
             columns.append((b, final_b, missing))
 
     def column_args(b: int, final_b: str, missing: list) -> tuple:
-        return (refs[b], final_b, spec, missing, str(circuits[names[b]]), n_controls, seed, mode, device, dtype)
+        return (refs[b], final_b, spec, missing, str(circuits[names[b]]), n_controls, seed, device, dtype)
 
     def here():  # one cell at a time, so each is stored as soon as it is measured (a long run resumes)
         for k, (b, final_b, missing) in enumerate(columns):

@@ -13,6 +13,7 @@ in the content-addressed cache. An interrupted run therefore resumes where it st
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -296,9 +297,11 @@ def _run_identifiable(ctx: Context, names: list[str]) -> Measurement:
 def _run_seed(ctx: Context, names: list[str]) -> Measurement:
     circuits = {n: ctx.trajectories(n).final_circuit for n in names}
     ctx.say(f"cross-seed ablation: {len(names)} x {len(names)} cells, {ctx.n_controls} matched-random controls each")
+    cells_dir = ctx.out / "measurements" / "cross-seed"
+    if ctx.force:  # measure every cell again
+        shutil.rmtree(cells_dir, ignore_errors=True)
     matrix = cross_seed_matrix([ctx.ref(n) for n in names], ctx.spec, circuits, ctx.n_controls, ctx.control_seed,
-                               device=ctx.device, dtype=ctx.dtype, store_dir=ctx.out / "measurements" / "cross-seed",
-                               force=ctx.force, executor=ctx.executor,
+                               device=ctx.device, dtype=ctx.dtype, store_dir=cells_dir, executor=ctx.executor,
                                progress=lambda done, total, what: ctx.say(f"  cell {done}/{total}: {what}"))
     spec = matrix.specificity("loss")
     measured = {"n_models": len(names), **{k: v for k, v in spec.items() if k != "metric"},

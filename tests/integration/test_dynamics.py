@@ -87,8 +87,9 @@ def test_cross_seed_matrix_cells_are_engine_results_and_resume(fake_zoo, tmp_pat
     again = dynamics.cross_seed_matrix(refs, _spec(), circuits, n_controls=3, store_dir=tmp_path)
     assert again.cells == matrix.cells
     assert dynamics.CrossSeedMatrix.from_json(again.to_json()).cells == matrix.cells
-    with pytest.raises(pytest.fail.Exception, match="recomputed"):  # force measures again
-        dynamics.cross_seed_matrix(refs, _spec(), circuits, n_controls=3, store_dir=tmp_path, force=True)
+    (tmp_path / "dyn-a__in__dyn-b.json").unlink()
+    with pytest.raises(pytest.fail.Exception, match="recomputed"):  # a cell no longer stored is measured again
+        dynamics.cross_seed_matrix(refs, _spec(), circuits, n_controls=3, store_dir=tmp_path)
 
 
 def test_cross_seed_matrix_empty_circuit_gives_a_reason(fake_zoo):
