@@ -28,8 +28,8 @@ import torch
 
 from core.ablation.spec import query_metrics
 from core.errors import HeadLabError
-from core.model.hooks import (_bind, hook_name, model_context_length, model_device, model_dtype, model_family,
-                              model_vocab_size, router_logit_hooks)
+from core.model.hooks import (_bind, hook_name, mask_kwargs, model_context_length, model_device, model_dtype,
+                              model_family, model_vocab_size, router_logit_hooks)
 from core.model.loading import DEFAULT_DTYPE, dtype_name, load_model
 from core.model.memory import ForwardShape, chunk_size_for, forward_bytes, lean_forward, memory_budget
 from core.model.refs import Checkpoint, ModelRef, weights_fingerprint
@@ -407,7 +407,7 @@ def collect_head_stats(
             sl = slice(start, min(n, start + chunk_size))
             q = batch.query_pos[sl].to(device)
             state.update(sl=sl, q=q, b=sl.stop - sl.start, weights=weights[sl].to(device))
-            mask = {} if batch.attention_mask is None else {"attention_mask": batch.attention_mask[sl].to(device)}
+            mask = mask_kwargs(None if batch.attention_mask is None else batch.attention_mask[sl].to(device))
             logits = model(batch.tokens[sl].to(device), **mask)  # [batch, 1, vocab] thanks to unembed_hook
             if logits.shape[1] != 1:  # an architecture whose unembedding ignored the slice
                 ar = torch.arange(logits.shape[0], device=logits.device)

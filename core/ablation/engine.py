@@ -45,7 +45,7 @@ from core.ablation.replacements import (Replacements, ablation_hooks, compute_re
                                         replaced_hook_names)
 from core.ablation.spec import PROBE_MODES, SEQUENCE_MODES, Ablation, ConditionMetrics, query_metrics
 from core.errors import HeadLabError
-from core.model.hooks import head_output_weights, hook_name, model_device, model_dtype, model_shape
+from core.model.hooks import head_output_weights, hook_name, mask_kwargs, model_device, model_dtype, model_shape
 from core.model.memory import ForwardShape, chunk_size_for, forward_bytes, lean_forward, memory_budget
 from core.stats.inference import METRICS
 
@@ -390,11 +390,6 @@ def _condition_logits(model: Any, rec: _Recorder, chunk: Sequence[Ablation], sta
                          last_attention_at_query)
 
 
-def _masked(mask: torch.Tensor | None) -> dict:
-    """The forward's keyword arguments for an attention mask [row, pos] (none when nothing is padded)."""
-    return {} if mask is None else {"attention_mask": mask}
-
-
 def _differs(got: torch.Tensor, want: torch.Tensor, model: Any) -> bool:
     """Whether two logit tensors differ by more than the replay tolerance (relative to want's scale)."""
     scale = 1.0 + float(want.abs().max())
@@ -498,7 +493,7 @@ def stream_conditions(
             keep = starts + [start + 1 for start in shortcut_starts]
             recorder = _Recorder(model, first_start if use_prefix else n_layers, keep, shortcut_starts if use_prefix else (), lo)
             with recorder as rec:
-                logits = model(tokens, **_masked(mask))  # [row, pos, vocab]; the blocks' recorded kwargs carry the mask
+                logits = model(tokens, **mask_kwargs(mask))  # [row, pos, vocab]; the blocks' recorded kwargs carry it
             clean_q = logits[torch.arange(rows, device=device), query]  # [row, vocab]
             del logits
             clean_parts.append(query_metrics(clean_q, target))
@@ -551,7 +546,7 @@ def stream_conditions(
                     else:
                         hooks = ablation_hooks(model, chunk, (lo, hi), stats) if not all(a.is_empty for a in chunk) else []
                         query_rep = query.repeat(reps)
-                        masks = _masked(None if mask is None else mask.repeat(reps, 1))
+                        masks = mask_kwargs(None if mask is None else mask.repeat(reps, 1))
                         out = model.run_with_hooks(tokens.repeat(reps, 1), fwd_hooks=hooks, **masks)
                         out_q = out[torch.arange(rows * reps, device=device), query_rep]
                         del out

@@ -39,7 +39,7 @@ import torch
 
 from core.ablation.spec import Ablation
 from core.errors import HeadLabError
-from core.model.hooks import hook_name, mlp_hook_name, model_device, model_shape
+from core.model.hooks import hook_name, mask_kwargs, mlp_hook_name, model_device, model_shape
 from core.model.memory import ForwardShape, chunk_size_for, forward_bytes, lean_forward, memory_budget
 
 # mode -> the clean-run statistic it reads (zero reads none)
@@ -170,7 +170,7 @@ def compute_replacements(model: Any, tokens: torch.Tensor, ablations: Ablation |
     with lean_forward(model):
         for start in range(0, n, size):
             where["lo"] = start
-            mask = {} if attention_mask is None else {"attention_mask": attention_mask[start : start + size].to(device)}
+            mask = mask_kwargs(None if attention_mask is None else attention_mask[start : start + size].to(device))
             model.run_with_hooks(tokens[start : start + size].to(device), fwd_hooks=hooks, **mask)
     # how many real tokens each statistic averages (at least 1: a padding-only position or token gets zeros)
     counts = None if out.token_index is None else torch.bincount(

@@ -85,6 +85,11 @@ def _bind(fn: Callable, layer: int) -> Callable:
 # ----------------------------------------------------------------------------- shape, device, dtype, family
 
 
+def mask_kwargs(attention_mask: torch.Tensor | None) -> dict:
+    """A forward's keyword arguments for an attention mask [row, pos] (none when nothing is padded)."""
+    return {} if attention_mask is None else {"attention_mask": attention_mask}
+
+
 def model_shape(model: Any) -> tuple[int, int, int]:
     """(n_layers, n_heads, d_head) of a loaded bridge."""
     return int(model.cfg.n_layers), int(model.cfg.n_heads), int(model.cfg.d_head)

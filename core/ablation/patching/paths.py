@@ -27,7 +27,7 @@ from core.ablation.patching.runs import (ChunkRuns, Hook, PatchSettings, Progres
                                          patched_run, run_chunks)
 from core.errors import HeadLabError
 from core.heads import HeadSet
-from core.model.hooks import hook_name, model_shape
+from core.model.hooks import hook_name, mask_kwargs, model_shape
 from core.results import JsonResult
 from core.stats.controls import ControlSets, check_selection, matched_random_controls
 from core.stats.patching import against_controls, normalized_score
@@ -146,7 +146,7 @@ def path_run(model: Any, runs: ChunkRuns, senders: HeadSet, receivers: HeadSet, 
 
     hooks = _sender_hooks(runs, senders, source_z, max(receivers.layers))
     hooks += [(hook_name("resid_pre", layer), keep(layer)) for layer in receivers.layers]
-    mask = {} if runs.attention_mask is None else {"attention_mask": runs.attention_mask}
+    mask = mask_kwargs(runs.attention_mask)
     model.run_with_hooks(runs.base_tokens, fwd_hooks=hooks, **mask)
     fired: list[str] = []
     receiver_hooks = _receiver_hooks(recorded, receivers, components, fired)

@@ -18,7 +18,8 @@ import torch
 from core.ablation.spec import query_metrics
 from core.errors import HeadLabError
 from core.heads import HeadSet
-from core.model.hooks import hook_name, model_context_length, model_device, model_dtype, model_shape, model_vocab_size
+from core.model.hooks import (hook_name, mask_kwargs, model_context_length, model_device, model_dtype, model_shape,
+                              model_vocab_size)
 from core.model.loading import dtype_name
 from core.model.memory import ForwardShape, chunk_size_for, forward_bytes, lean_forward, memory_budget
 from core.results import JsonResult, provenance
@@ -139,7 +140,7 @@ def query_logits(model: Any, tokens: torch.Tensor, query: torch.Tensor, hooks: S
     attention_mask [row, pos] (1 real, 0 padding) or None: padded batches from probe files (the
     bridge then also offsets the positions of left-padded rows).
     """
-    kwargs = {} if attention_mask is None else {"attention_mask": attention_mask}
+    kwargs = mask_kwargs(attention_mask)
     logits = (model.run_with_hooks(tokens, fwd_hooks=list(hooks), **kwargs) if hooks
               else model(tokens, **kwargs))  # [row, pos, vocab]
     return logits[torch.arange(tokens.shape[0], device=tokens.device), query]
