@@ -44,6 +44,7 @@ from core.probe import check_probe_fits, full_attention_pattern, head_stats, pro
 from core.store import canonical_json
 from core.tasks.probe_file import ProbeFile
 from core.tasks.specs import spec_from_json
+from core.threads import apply_thread_policy
 from core.workspace import zoo_dir
 from pages._state import Workspace
 
@@ -314,6 +315,8 @@ def run_ablation(ws: Workspace, selection: HeadSet, settings: AblationSettings,
         batch = probe_batch_for(probe_file, cached_model(ws.model_name, ws.revision, ws.stamp, ws.dtype))
     if ws.backend == "serial":
         model = cached_model(ws.model_name, ws.revision, ws.stamp, ws.dtype)
+        # threads for the load now, not the session's start: the browser drawing the page then is idle by the click
+        apply_thread_policy()
         start = time.perf_counter()
         result = ablation_study(model, batch, selection, settings, progress=live.progress,
                                 cancel=cancel, on_condition=live.condition)

@@ -19,6 +19,8 @@ INDUCTION_TASKS = ("induction", "shifted")  # byte-level induction (core/tasks/m
 # "tokens": induction on the reference probe's token range (core/tasks/token_repeats.py);
 # "none": no training, the seeded initial weights only (real shapes for memory and speed work).
 SEQUENCE_TASKS = ("reverse", "sort")
+CHECKPOINT_SCHEDULES = ("log", "pythia")  # TrainConfig.checkpoint_schedule
+HEAD_L1_STARTS = ("warmup", "formation")  # TrainConfig.head_l1_start
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,11 @@ class TrainConfig(JsonResult):
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-8
-    head_l1: float = 0.0  # gpt_neox: group-lasso weight on each head's (Q,K,V,O) norm, after the warm-up
+    head_l1: float = 0.0  # gpt_neox: group-lasso weight on each head's (Q,K,V,O) norm, from head_l1_start on
+    # "warmup": from the end of the repeat warm-up; "formation": from the first evaluation whose
+    # repeated-half loss is below the formation target (core/zoo/evaluate.py), so the lasso cannot
+    # stop a seed whose induction forms late from forming it at all
+    head_l1_start: str = "warmup"
     grad_clip: float = 1.0
     text_first_steps: int = 0  # induction only: pure text steps before the repeat warm-up
     repeat_warmup_steps: int = 500  # induction only: repeat-rich warm-up first, then the mixture
@@ -94,6 +100,9 @@ class TrainConfig(JsonResult):
     state_every: int = 250  # steps between resumable-state saves (also saved at every checkpoint)
     log_every: int = 10  # steps per point of the loss curve (window mean)
     n_log_checkpoints: int = 20  # log-spaced checkpoints over the run (plus step 0 and the end)
+    # "log": n_log_checkpoints log-spaced steps plus one wherever the loss drops; "pythia": the steps
+    # Pythia published (0, 1, 2, 4, ..., 512, then every 1,000) and the last, nothing else
+    checkpoint_schedule: str = "log"
     loss_drop_checkpoint: float = 0.25  # extra checkpoint when the smoothed loss fell this much (nats)
     min_checkpoint_gap: int = 10  # steps between loss-drop checkpoints
     loss_smoothing: float = 0.05  # EMA weight of the newest loss in the smoothed loss
@@ -106,6 +115,11 @@ class TrainConfig(JsonResult):
                                "integers; give at least 1.")
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
         check_hhg_format(self.hhg_format)
+        if self.head_l1_start not in HEAD_L1_STARTS:
+            raise HeadLabError(f"head_l1_start {self.head_l1_start!r} is unknown; use one of {', '.join(HEAD_L1_STARTS)}.")
+        if self.checkpoint_schedule not in CHECKPOINT_SCHEDULES:
+            raise HeadLabError(f"checkpoint_schedule {self.checkpoint_schedule!r} is unknown; use one of "
+                               f"{', '.join(CHECKPOINT_SCHEDULES)}.")
         if self.hhg_format != "headlab" and self.task not in SEQUENCE_TASKS:
             raise HeadLabError(f"--hhg-format {self.hhg_format} applies to the reverse and sort tasks only, not {self.task!r}.")
 

@@ -179,8 +179,8 @@ def batch_at(train_cfg: TrainConfig, step: int) -> tuple[torch.Tensor, torch.Ten
     if train_cfg.task == "duplicate":
         return duplicate.training_batch(step, train_cfg.batch_size, train_cfg.seq_len, train_cfg.seed), None
     if train_cfg.task == "tokens":
-        chunk_max = token_repeats.WARMUP_CHUNK_MAX if step < train_cfg.repeat_warmup_steps else None
-        return token_repeats.training_batch(step, train_cfg.batch_size, train_cfg.seq_len, train_cfg.seed, chunk_max), None
+        return token_repeats.training_batch(step, train_cfg.batch_size, train_cfg.seq_len, train_cfg.seed,
+                                            train_cfg.repeat_warmup_steps), None
     if train_cfg.task == "none":
         raise HeadLabError("A 'none' task model is not trained; it has no training batches.")
     chunk_max = mixture.CHUNK_MAX  # 8-32 byte repeats until the warm-up ends: induction forms fastest on them
@@ -194,6 +194,13 @@ def batch_at(train_cfg: TrainConfig, step: int) -> tuple[torch.Tensor, torch.Ten
     tokens = mixture.training_batch(kind, step, train_cfg.batch_size, train_cfg.seq_len, train_cfg.seed,
                                     repeat_fraction=fraction, chunk_max=chunk_max)
     return tokens, None
+
+
+def softmax_vocab_at(train_cfg: TrainConfig, step: int) -> int | None:
+    """The softmax width of `step`'s loss: the token task's warm-up stages use only their first ids."""
+    if train_cfg.task == "tokens" and train_cfg.softmax_vocab is not None:
+        return token_repeats.curriculum_softmax_vocab(step, train_cfg.repeat_warmup_steps) or train_cfg.softmax_vocab
+    return train_cfg.softmax_vocab
 
 
 def training_loss(model, model_cfg: ModelConfig, tokens: torch.Tensor, mask: torch.Tensor | None,
@@ -243,6 +250,15 @@ def head_group_norms(model, model_cfg: ModelConfig) -> torch.Tensor:
     return torch.stack(norms)  # [layer, head]
 
 
+def _lasso_on(train_cfg: TrainConfig, meta: dict, step: int) -> bool:
+    """Whether the head group lasso applies at `step`: after the warm-up, and (head_l1_start
+    "formation") once an evaluation has seen induction form (meta["induction_step"], kept on resume)."""
+    after_warmup = step >= train_cfg.text_first_steps + train_cfg.repeat_warmup_steps
+    if train_cfg.head_l1_start == "formation":
+        return after_warmup and meta["induction_step"] is not None
+    return after_warmup
+
+
 def log_checkpoint_steps(total_steps: int, n: int) -> list[int]:
     """Step 0, n log-spaced steps in [1, total_steps], and total_steps; sorted, unique."""
     steps = {0, int(total_steps)}
@@ -250,6 +266,14 @@ def log_checkpoint_steps(total_steps: int, n: int) -> list[int]:
         for i in range(n):
             steps.add(int(round(total_steps ** (i / max(1, n - 1)))))
     return sorted(s for s in steps if 0 <= s <= total_steps)
+
+
+def pythia_checkpoint_steps(total_steps: int) -> list[int]:
+    """The steps of Pythia's published revisions up to total_steps (0, 1, 2, 4, ..., 512, then every
+    1,000), and total_steps itself; sorted."""
+    steps = {0, int(total_steps)} | {2 ** k for k in range(10) if 2 ** k <= total_steps}
+    steps |= set(range(1000, int(total_steps) + 1, 1000))
+    return sorted(steps)
 
 
 def _revision(step: int) -> str:
@@ -375,7 +399,10 @@ def train_model(
             "induction_step": None, "induction_seconds": None,
         }
     total = int(train_cfg.steps)
-    planned = set(log_checkpoint_steps(total, train_cfg.n_log_checkpoints))
+    if train_cfg.checkpoint_schedule == "pythia":
+        planned = set(pythia_checkpoint_steps(total))
+    else:
+        planned = set(log_checkpoint_steps(total, train_cfg.n_log_checkpoints))
     tokens_per_step = _tokens_per_step(train_cfg)
     bar = None
     if progress is True:
@@ -402,6 +429,8 @@ def train_model(
     def wants_checkpoint(step: int) -> bool:
         if step in planned:
             return True
+        if train_cfg.checkpoint_schedule == "pythia":
+            return False
         last, ema, ema_then = meta["last_checkpoint_step"], meta["ema"], meta["ema_at_checkpoint"]
         return (last is not None and ema is not None and ema_then is not None
                 and step - last >= train_cfg.min_checkpoint_gap and ema_then - ema > train_cfg.loss_drop_checkpoint)
@@ -418,7 +447,7 @@ def train_model(
             tokens, mask = batch_at(train_cfg, step)
             for group in optimizer.param_groups:
                 group["lr"] = _lr_at(step, train_cfg)
-            loss = training_loss(model, model_cfg, tokens, mask, train_cfg.softmax_vocab)
+            loss = training_loss(model, model_cfg, tokens, mask, softmax_vocab_at(train_cfg, step))
             value = float(loss.detach())
             # Saves happen before this step changes any bookkeeping, so a resume from them
             # replays step `step` exactly once.
@@ -430,7 +459,7 @@ def train_model(
                 _save_state(model, optimizer, out_dir, meta)
             a = train_cfg.loss_smoothing
             meta["ema"] = value if meta["ema"] is None else (1 - a) * meta["ema"] + a * value
-            if train_cfg.head_l1 and step >= train_cfg.text_first_steps + train_cfg.repeat_warmup_steps:
+            if train_cfg.head_l1 and _lasso_on(train_cfg, meta, step):
                 loss = loss + train_cfg.head_l1 * head_group_norms(model, model_cfg).sum()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

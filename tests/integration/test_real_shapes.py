@@ -75,10 +75,12 @@ def test_init_only_entry_saves_its_seeded_weights_as_one_checkpoint(tmp_path):
 
 def test_token_task_trains_and_reports_probe_figures(tmp_path):
     cfg = replace(PYTHIA_SHAPES["pythia-14m"], n_layers=2, d_model=32, d_ff=64, vocab_size=token_repeats.TOKEN_HIGH)
-    train = TrainConfig(task="tokens", steps=4, batch_size=2, seq_len=32, repeat_warmup_steps=0, softmax_vocab=token_repeats.TOKEN_HIGH,
-                        stop_accuracy=None, eval_every=2, eval_examples=4, final_examples=4, n_log_checkpoints=2)
-    final = train_model("tok", cfg, train, tmp_path / "tok", progress=False)["final"]
-    assert final["steps"] == 4 and 0.0 <= final["probe_accuracy"] <= 1.0
+    train = TrainConfig(task="tokens", steps=5, batch_size=2, seq_len=32, repeat_warmup_steps=2, softmax_vocab=token_repeats.TOKEN_HIGH,
+                        stop_accuracy=None, eval_every=2, eval_examples=4, final_examples=4, checkpoint_schedule="pythia")
+    manifest = train_model("tok", cfg, train, tmp_path / "tok", progress=False)
+    assert [c["step"] for c in manifest["checkpoints"]] == [0, 1, 2, 4, 5]  # Pythia's steps, nothing else
+    final = manifest["final"]
+    assert final["steps"] == 5 and 0.0 <= final["probe_accuracy"] <= 1.0
     assert len(final["prefix_matching"]) == 2 and len(final["previous_token"][0]) == 4
     assert final["induction_loss"] == pytest.approx(torch.log(torch.tensor(10_000.0)).item(), abs=1.5)  # untrained: near uniform
 

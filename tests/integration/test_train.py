@@ -18,7 +18,7 @@ from core.tasks.vocab import BOS, BYTE_VOCAB_SIZE
 from core.zoo.config import ModelConfig, TrainConfig
 from core.zoo.evaluate import induction_head_summary
 from core.zoo.presets import ZOO_PRESETS, preset_entries, train_zoo, zoo_record
-from core.zoo.train import load_checkpoint_model, log_checkpoint_steps, train_model
+from core.zoo.train import load_checkpoint_model, log_checkpoint_steps, pythia_checkpoint_steps, train_model
 
 TINY = ModelConfig(family="gpt_neox", n_layers=2, n_heads=4, d_model=32, d_ff=64, max_seq_len=32)
 TINY_TRAIN = TrainConfig(
@@ -234,6 +234,13 @@ def test_log_checkpoint_steps_start_early():
     assert sum(1 for s in steps if 0.003 * 2000 <= s <= 0.02 * 2000) >= 3  # the 0.3-2% window
 
 
+def test_pythia_checkpoint_steps_are_pythias_revisions():
+    assert pythia_checkpoint_steps(2500) == [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000, 2000, 2500]
+    assert pythia_checkpoint_steps(3) == [0, 1, 2, 3]
+    with pytest.raises(HeadLabError, match="checkpoint_schedule"):
+        TrainConfig(checkpoint_schedule="linear")
+
+
 # ------------------------------------------------------------------------------ training
 
 
@@ -280,6 +287,22 @@ def test_same_seed_same_weights_and_manifest(tmp_path):
     record = zoo_record(on_disk)
     assert record["checkpoints"] == len(checkpoints) and record["n_layers"] == 2 and record["n_heads"] == 4
     assert "induction_loss" in record and record["train_seconds"] >= 0
+
+
+def test_a_lasso_that_waits_for_formation_waits(tmp_path, monkeypatch):
+    """head_l1_start="formation": no lasso while induction has not formed (a run equal, bit for bit, to
+    one without it), and the lasso from the first evaluation that sees it formed."""
+    short = replace(TINY_TRAIN, steps=12, repeat_warmup_steps=2, eval_every=4, head_l1=0.5, n_log_checkpoints=2)
+    waiting = train_model("wait", TINY, replace(short, head_l1_start="formation"), tmp_path / "wait")
+    none = train_model("none", TINY, replace(short, head_l1=0.0), tmp_path / "none")
+    assert waiting["final"]["induction_step"] is None
+    assert _same(_weights(_final_dir(tmp_path / "wait", waiting)), _weights(_final_dir(tmp_path / "none", none)))
+    monkeypatch.setattr("core.zoo.evaluate.INDUCTION_LOSS_TARGET", 1e9)  # every evaluation now sees induction formed
+    formed = train_model("formed", TINY, replace(short, head_l1_start="formation"), tmp_path / "formed")
+    assert formed["final"]["induction_step"] == 4
+    assert not _same(_weights(_final_dir(tmp_path / "formed", formed)), _weights(_final_dir(tmp_path / "none", none)))
+    with pytest.raises(HeadLabError, match="head_l1_start"):
+        TrainConfig(head_l1_start="never")
 
 
 def test_resume_after_interruption_is_bit_identical(tmp_path):

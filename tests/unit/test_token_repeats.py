@@ -7,15 +7,17 @@ import torch
 
 from core.errors import HeadLabError
 from core.tasks import token_repeats
-from core.tasks.token_repeats import CHUNK_MIN, TOKEN_HIGH, TOKEN_LOW
+from core.tasks.token_repeats import CHUNK_MIN, TOKEN_HIGH, TOKEN_LOW, curriculum_softmax_vocab, curriculum_stage
+from core.zoo.config import TrainConfig
+from core.zoo.train import batch_at, softmax_vocab_at
 
 
-def _period(row: torch.Tensor) -> tuple[int, int]:
-    """(d, s) for a row ending in a repeated chunk: d the smallest shift with row[t] == row[t - d]
-    over the last CHUNK_MIN positions (random tokens almost never match by chance), s the first
-    position from which row[t] == row[t - d] holds to the end."""
+def _period(row: torch.Tensor, shortest: int = CHUNK_MIN) -> tuple[int, int]:
+    """(d, s) for a row ending in a repeated chunk: d the smallest shift >= `shortest` with row[t] ==
+    row[t - d] over the last CHUNK_MIN positions (random tokens almost never match by chance), s the
+    first position from which row[t] == row[t - d] holds to the end."""
     n = row.numel()
-    for d in range(CHUNK_MIN, n - CHUNK_MIN + 1):
+    for d in range(shortest, n - CHUNK_MIN + 1):
         if torch.equal(row[n - CHUNK_MIN:], row[n - CHUNK_MIN - d:n - d]):
             s = n - CHUNK_MIN
             while s - 1 >= d and row[s - 1] == row[s - 1 - d]:
@@ -38,6 +40,35 @@ def test_chunk_lengths_cover_long_distances():
     batch = token_repeats.training_batch(step=0, batch_size=64, seq_len=256, seed=1)
     periods = [_period(row)[0] for row in batch]
     assert max(periods) > 200 and min(periods) < 60
+
+
+def test_the_curriculum_grows_the_ids_then_the_rows():
+    """1,200 warm-up steps: 500 on 256 ids in rows of 32, then 100 per stage; nothing after the warm-up."""
+    assert curriculum_stage(0, 1200) == curriculum_stage(499, 1200) == (256, 32, 2, 12)
+    assert curriculum_stage(500, 1200) == (512, 32, 2, 12) and curriculum_stage(999, 1200) == (9900, 32, 2, 12)
+    assert curriculum_stage(1000, 1200) == (9900, 64, 2, 56) and curriculum_stage(1199, 1200) == (9900, 128, 2, 120)
+    assert curriculum_stage(1200, 1200) is None and curriculum_stage(0, 0) is None
+    assert curriculum_softmax_vocab(0, 1200) == TOKEN_LOW + 256 and curriculum_softmax_vocab(1200, 1200) is None
+
+
+def test_warmup_rows_are_short_with_short_periods_over_few_tokens():
+    """The first stage: the batch's tokens in rows of 32, ids below TOKEN_LOW + 256, periods 2-12."""
+    batch = token_repeats.training_batch(step=0, batch_size=8, seq_len=256, seed=0, warmup_steps=1200)
+    assert batch.shape == (8 * 256 // 32, 32)
+    assert int(batch.min()) >= TOKEN_LOW and int(batch.max()) < TOKEN_LOW + 256
+    periods = [_period(row, shortest=1)[0] for row in batch]
+    assert min(periods) >= 2 and max(periods) <= 12
+    assert 2 in periods  # a b a b ...: the previous-token reward is in the mix
+    longer = token_repeats.training_batch(step=1100, batch_size=8, seq_len=256, seed=0, warmup_steps=1200)
+    assert longer.shape == (16, 128) and int(longer.max()) >= TOKEN_LOW + 4096  # the last stage: every id, rows of 128
+
+
+def test_the_training_loop_takes_the_warmup_batch_and_its_narrow_softmax_only_during_the_warmup():
+    cfg = TrainConfig(task="tokens", steps=20, batch_size=2, seq_len=64, repeat_warmup_steps=12, softmax_vocab=TOKEN_HIGH,
+                      stop_accuracy=None)
+    assert batch_at(cfg, 4)[0].shape == (4, 32) and batch_at(cfg, 12)[0].shape == (2, 64)
+    assert softmax_vocab_at(cfg, 4) == TOKEN_LOW + 256 and softmax_vocab_at(cfg, 5) == TOKEN_LOW + 512
+    assert softmax_vocab_at(cfg, 12) == TOKEN_HIGH
 
 
 def test_batches_are_pure_functions_of_seed_and_step():
