@@ -79,8 +79,8 @@ class TrainConfig(JsonResult):
     adam_eps: float = 1e-8
     head_l1: float = 0.0  # gpt_neox: group-lasso weight on each head's (Q,K,V,O) norm, from head_l1_start on
     # "warmup": from the end of the repeat warm-up; "formation": from the first evaluation whose
-    # repeated-half loss is below the formation target (core/zoo/evaluate.py), so the lasso cannot
-    # stop a seed whose induction forms late from forming it at all
+    # repeated-half loss is below the formation target (core/zoo/evaluate.py), warm-up or not, so a
+    # seed whose induction forms late is pruned as long as one whose induction forms early
     head_l1_start: str = "warmup"
     grad_clip: float = 1.0
     text_first_steps: int = 0  # induction only: pure text steps before the repeat warm-up

@@ -251,12 +251,12 @@ def head_group_norms(model, model_cfg: ModelConfig) -> torch.Tensor:
 
 
 def _lasso_on(train_cfg: TrainConfig, meta: dict, step: int) -> bool:
-    """Whether the head group lasso applies at `step`: after the warm-up, and (head_l1_start
-    "formation") once an evaluation has seen induction form (meta["induction_step"], kept on resume)."""
-    after_warmup = step >= train_cfg.text_first_steps + train_cfg.repeat_warmup_steps
+    """Whether the head group lasso applies at `step`: "warmup", from the end of the repeat warm-up;
+    "formation", from the first evaluation that saw induction formed (meta["induction_step"], kept on
+    resume), warm-up or not."""
     if train_cfg.head_l1_start == "formation":
-        return after_warmup and meta["induction_step"] is not None
-    return after_warmup
+        return meta["induction_step"] is not None
+    return step >= train_cfg.text_first_steps + train_cfg.repeat_warmup_steps
 
 
 def log_checkpoint_steps(total_steps: int, n: int) -> list[int]:
