@@ -20,7 +20,6 @@ INDUCTION_TASKS = ("induction", "shifted")  # byte-level induction (core/tasks/m
 # "none": no training, the seeded initial weights only (real shapes for memory and speed work).
 SEQUENCE_TASKS = ("reverse", "sort")
 CHECKPOINT_SCHEDULES = ("log", "pythia")  # TrainConfig.checkpoint_schedule
-HEAD_L1_STARTS = ("warmup", "formation")  # TrainConfig.head_l1_start
 
 
 @dataclass(frozen=True)
@@ -77,11 +76,7 @@ class TrainConfig(JsonResult):
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-8
-    head_l1: float = 0.0  # gpt_neox: group-lasso weight on each head's (Q,K,V,O) norm, from head_l1_start on
-    # "warmup": from the end of the repeat warm-up; "formation": from the first evaluation whose
-    # repeated-half loss is below the formation target (core/zoo/evaluate.py), warm-up or not, so a
-    # seed whose induction forms late is pruned as long as one whose induction forms early
-    head_l1_start: str = "warmup"
+    head_l1: float = 0.0  # gpt_neox: group-lasso weight on each head's (Q,K,V,O) norm, after the warm-up
     grad_clip: float = 1.0
     text_first_steps: int = 0  # induction only: pure text steps before the repeat warm-up
     repeat_warmup_steps: int = 500  # induction only: repeat-rich warm-up first, then the mixture
@@ -115,8 +110,6 @@ class TrainConfig(JsonResult):
                                "integers; give at least 1.")
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
         check_hhg_format(self.hhg_format)
-        if self.head_l1_start not in HEAD_L1_STARTS:
-            raise HeadLabError(f"head_l1_start {self.head_l1_start!r} is unknown; use one of {', '.join(HEAD_L1_STARTS)}.")
         if self.checkpoint_schedule not in CHECKPOINT_SCHEDULES:
             raise HeadLabError(f"checkpoint_schedule {self.checkpoint_schedule!r} is unknown; use one of "
                                f"{', '.join(CHECKPOINT_SCHEDULES)}.")

@@ -250,15 +250,6 @@ def head_group_norms(model, model_cfg: ModelConfig) -> torch.Tensor:
     return torch.stack(norms)  # [layer, head]
 
 
-def _lasso_on(train_cfg: TrainConfig, meta: dict, step: int) -> bool:
-    """Whether the head group lasso applies at `step`: "warmup", from the end of the repeat warm-up;
-    "formation", from the first evaluation that saw induction formed (meta["induction_step"], kept on
-    resume), warm-up or not."""
-    if train_cfg.head_l1_start == "formation":
-        return meta["induction_step"] is not None
-    return step >= train_cfg.text_first_steps + train_cfg.repeat_warmup_steps
-
-
 def log_checkpoint_steps(total_steps: int, n: int) -> list[int]:
     """Step 0, n log-spaced steps in [1, total_steps], and total_steps; sorted, unique."""
     steps = {0, int(total_steps)}
@@ -459,7 +450,7 @@ def train_model(
                 _save_state(model, optimizer, out_dir, meta)
             a = train_cfg.loss_smoothing
             meta["ema"] = value if meta["ema"] is None else (1 - a) * meta["ema"] + a * value
-            if train_cfg.head_l1 and _lasso_on(train_cfg, meta, step):
+            if train_cfg.head_l1 and step >= train_cfg.text_first_steps + train_cfg.repeat_warmup_steps:
                 loss = loss + train_cfg.head_l1 * head_group_norms(model, model_cfg).sum()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

@@ -289,22 +289,6 @@ def test_same_seed_same_weights_and_manifest(tmp_path):
     assert "induction_loss" in record and record["train_seconds"] >= 0
 
 
-def test_a_lasso_that_waits_for_formation_waits(tmp_path, monkeypatch):
-    """head_l1_start="formation": no lasso while induction has not formed (a run equal, bit for bit, to
-    one without it), and the lasso from the first evaluation that sees it formed."""
-    short = replace(TINY_TRAIN, steps=12, repeat_warmup_steps=2, eval_every=4, head_l1=0.5, n_log_checkpoints=2)
-    waiting = train_model("wait", TINY, replace(short, head_l1_start="formation"), tmp_path / "wait")
-    none = train_model("none", TINY, replace(short, head_l1=0.0), tmp_path / "none")
-    assert waiting["final"]["induction_step"] is None
-    assert _same(_weights(_final_dir(tmp_path / "wait", waiting)), _weights(_final_dir(tmp_path / "none", none)))
-    monkeypatch.setattr("core.zoo.evaluate.INDUCTION_LOSS_TARGET", 1e9)  # every evaluation now sees induction formed
-    formed = train_model("formed", TINY, replace(short, head_l1_start="formation"), tmp_path / "formed")
-    assert formed["final"]["induction_step"] == 4
-    assert not _same(_weights(_final_dir(tmp_path / "formed", formed)), _weights(_final_dir(tmp_path / "none", none)))
-    with pytest.raises(HeadLabError, match="head_l1_start"):
-        TrainConfig(head_l1_start="never")
-
-
 def test_resume_after_interruption_is_bit_identical(tmp_path):
     # dense loss-drop checkpoints, so the smoothed-loss bookkeeping must also resume exactly
     cfg = replace(TINY_TRAIN, loss_drop_checkpoint=0.002, min_checkpoint_gap=1)
