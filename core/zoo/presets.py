@@ -213,8 +213,8 @@ def estimate_zoo(preset: str, only: str | None = None, print_fn: Callable[[str],
     lines, total_expected, total_max = [], 0.0, 0.0
     for name, model_cfg, train_cfg in todo:
         key = json.dumps([model_cfg.to_json(), train_cfg.task, train_cfg.batch_size, train_cfg.seq_len])
-        if key not in cache:
-            cache[key] = _seconds_per_step(model_cfg, train_cfg)
+        if key not in cache:  # an initial-weights-only model ("none") trains no step
+            cache[key] = 0.0 if train_cfg.task == "none" else _seconds_per_step(model_cfg, train_cfg)
         per_step = cache[key] * 1.15  # evaluation and checkpoint overhead
         expected_steps = train_cfg.steps
         if train_cfg.task in SEQUENCE_TASKS:

@@ -15,7 +15,7 @@ from core.model.loading import load_model
 from core.model.refs import ModelRef
 from core.tasks import token_repeats
 from core.zoo.config import ModelConfig, TrainConfig
-from core.zoo.presets import PYTHIA_SHAPES, ZOO_PRESETS
+from core.zoo.presets import PYTHIA_SHAPES, ZOO_PRESETS, estimate_zoo
 from core.zoo.train import build_hf_config, build_model, train_model, training_loss
 
 # Total parameters of the Pythia suite (Biderman et al. 2023, Table 1; untied embeddings).
@@ -110,3 +110,10 @@ def test_unembedding_can_start_as_a_copy_of_the_embedding(tmp_path):
     assert start.get_output_embeddings().weight.data_ptr() != start.get_input_embeddings().weight.data_ptr()  # untied
     plain = build_model(cfg, seed=0)
     assert not torch.equal(plain.get_output_embeddings().weight, plain.get_input_embeddings().weight)
+
+
+def test_the_scale_presets_estimate_counts_nothing_for_initial_weights(tmp_path, monkeypatch):
+    """`zoo --preset scale --estimate` used to stop at the init-only models ("none" has no batches)."""
+    monkeypatch.setenv("HEADLAB_HOME", str(tmp_path))
+    result = estimate_zoo("scale", only="pythia-14m-init", print_fn=lambda line: None)
+    assert result["models_to_train"] == 1 and result["expected_seconds"] == 0 and result["max_seconds"] == 0
