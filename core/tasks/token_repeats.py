@@ -10,15 +10,16 @@ may take its softmax over the first TOKEN_HIGH ids only (TrainConfig.softmax_voc
 
 The warm-up (TrainConfig.repeat_warmup_steps) is a curriculum, and it is what makes induction form in
 this shape at all. On the full rows from the start (T = 256, 9,900 ids, chunks of 8 or more) the
-loss sat at ln(9,900) for 1,135 steps, and at T = 64 with 256 ids for 1,000. Random tokens give a
-previous-token head no reward of its own (natural text does, through bigrams), so both halves of the
-circuit had to appear together. The curriculum (CURRICULUM) starts with short rows (T = 32) of 256
-ids with chunks of 2-12: a chunk of 2 (a b a b ...) rewards attending to the previous token and
-copying it, one layer's work, and the longer chunks then reward induction on top of it (it formed
-by step 300). Going straight from there to the full rows erased it; growing the ids (x2 per stage)
-and then the row length keeps it (measured: each stage's accuracy on x + x recovers within 50 steps).
-Every stage's batch holds the same number of tokens as the full batches (more, shorter rows), and
-its loss takes the softmax over the ids it uses (curriculum_softmax_vocab).
+loss sat at ln(9,900) for 1,135 steps, and at T = 64 with 256-500 ids at ln(V) for 300-1,000 steps.
+Random tokens give a previous-token head no reward of its own (natural text does, through bigrams),
+so both halves of the circuit had to appear together. The curriculum (CURRICULUM) starts with short
+rows (T = 32) of 256 ids with chunks of 2-12: a chunk of 2 (a b a b ...) rewards attending to the
+previous token and copying it, one layer's work, and the longer chunks then reward induction on top
+of it (it formed by step 300). Going straight from there to the full rows erased it; growing the ids
+(x2 per stage) and then the row length keeps it (measured: accuracy on x + x drops at each stage's
+start and climbs back to 0.6-0.9 within 100 steps). Every stage's batch holds the same number of
+tokens as the full batches (more, shorter rows), and its loss takes the softmax over the ids it uses
+(curriculum_softmax_vocab).
 
 Every batch is a pure function of (seed, step), like the byte stream (core/tasks/mixture.py).
 """
