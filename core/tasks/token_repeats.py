@@ -55,11 +55,11 @@ def curriculum_stage(step: int, warmup_steps: int) -> tuple[int, int, int, int] 
         return None
     total = sum(stage[0] for stage in CURRICULUM)
     ends = 0
-    for share, *stage in CURRICULUM:
+    for share, *stage in CURRICULUM[:-1]:
         ends += share
         if step < warmup_steps * ends // total:
             return tuple(stage)
-    return tuple(CURRICULUM[-1][1:])
+    return tuple(CURRICULUM[-1][1:])  # the last stage runs to the end of the warm-up
 
 
 def curriculum_softmax_vocab(step: int, warmup_steps: int) -> int | None:
