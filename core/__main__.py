@@ -15,6 +15,7 @@ from types import ModuleType
 
 from core.bench import ablation as bench_ablation
 from core.bench import ising as bench_ising
+from core.bench import live as bench_live
 from core.bench import load as bench_load
 from core.bench import patch as bench_patch
 from core.bench import probe as bench_probe
@@ -51,6 +52,7 @@ BENCHES: dict[str, tuple[ModuleType, str, str]] = {
     "scale": (bench_scale, "bench_scale", "Pythia-160m shape, reference batch: instrumented pass, peak memory, ablation engine"),
     "sweep": (bench_sweep, "bench_sweep", "probe over every checkpoint of two zoo models: serial vs Ray, one and two nodes"),
     "patch": (bench_patch, "bench_patch", "attribution vs activation patching over every head of a zoo model"),
+    "live": (bench_live, "bench_live", "the ablation lab's click: recording its own clean run vs from the kept one"),
 }
 
 

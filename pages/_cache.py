@@ -24,6 +24,8 @@ from typing import Any, Callable
 import numpy as np
 import streamlit as st
 
+from core.ablation.clean_run import CleanRuns
+from core.ablation.engine import run_conditions
 from core.ablation.study import AblationResult, AblationSettings, ablate_alone, ablation_study, preview_result
 from core.ablation.workers import ablation_study_on, ablation_workers, warm_workers
 from core.errors import HeadLabError
@@ -263,10 +265,29 @@ def cached_ablation_workers(backend: str) -> WorkerPool:
     return ablation_workers(_executor_for_the_server(backend), num_cpus=0)
 
 
+@st.cache_resource(show_spinner=False, max_entries=4)
+def cached_clean_runs(model_name: str, revision: str, probe_json: str, stamp: str, dtype: str) -> CleanRuns:
+    """Where the serial lab keeps the clean run of a checkpoint's probe between clicks (the engine's CleanRuns)."""
+    return CleanRuns()
+
+
+def _lab_batch(ws: Workspace, probe_file: ProbeFile | None):
+    """The lab's probe batch: the workspace probe's, or probe_file's prompts tokenized by the model's tokenizer."""
+    if probe_file is None:
+        return cached_batch(ws.spec_json)
+    return probe_batch_for(probe_file, cached_model(ws.model_name, ws.revision, ws.stamp, ws.dtype))
+
+
 def prepare_ablation(ws: Workspace, probe_file: ProbeFile | None = None) -> None:
-    """On the Ray backend: start the workers and have each load the workspace checkpoint (and build the
-    probe: the workspace's, or probe_file's prompts) before the click (a few milliseconds when they hold it already)."""
+    """Before the click: load the workspace checkpoint and record the clean run of the lab's probe (the
+    workspace's, or probe_file's prompts), here or in every Ray worker; milliseconds once they hold it."""
     if ws.backend == "serial":
+        model = cached_model(ws.model_name, ws.revision, ws.stamp, ws.dtype)
+        clean_runs = cached_clean_runs(ws.model_name, ws.revision, _probe_json(ws, probe_file), ws.stamp, ws.dtype)
+        batch = _lab_batch(ws, probe_file)
+        if clean_runs.find(model, batch) is None:
+            with st.spinner("Running the clean forward the ablations start from..."):
+                run_conditions(model, batch, [], clean_runs=clean_runs)
         return
     workers = cached_ablation_workers(ws.backend)
     with st.spinner("Loading the checkpoint into the Ray workers..."):
@@ -309,17 +330,15 @@ def run_ablation(ws: Workspace, selection: HeadSet, settings: AblationSettings,
     when cancel() says so. on_preview(partial result): see _Previews (core's preview_result: no z yet).
     probe_file: ablate on its prompts (tokenized by the model's tokenizer) instead of the workspace probe."""
     live = _Previews(settings, on_preview, progress)
-    if probe_file is None:
-        batch = cached_batch(ws.spec_json)
-    else:  # tokenized here (for the per-example table) and, on Ray, again in each worker from the file's records
-        batch = probe_batch_for(probe_file, cached_model(ws.model_name, ws.revision, ws.stamp, ws.dtype))
+    batch = _lab_batch(ws, probe_file)  # a probe file's: tokenized here (for the per-example table) and, on Ray, in each worker
     if ws.backend == "serial":
         model = cached_model(ws.model_name, ws.revision, ws.stamp, ws.dtype)
+        clean_runs = cached_clean_runs(ws.model_name, ws.revision, _probe_json(ws, probe_file), ws.stamp, ws.dtype)
         # threads for the load now, not the session's start: the browser drawing the page then is idle by the click
         apply_thread_policy()
         start = time.perf_counter()
         result = ablation_study(model, batch, selection, settings, progress=live.progress,
-                                cancel=cancel, on_condition=live.condition)
+                                cancel=cancel, on_condition=live.condition, clean_runs=clean_runs)
     else:
         workers = cached_ablation_workers(ws.backend)
         start = time.perf_counter()

@@ -217,7 +217,7 @@ with grid_box:
         show_figure(grid, _grid_key(), pickable=True, stretch=False)
     st.button("Clear selection", key="clear_heads", on_click=_clear_heads, disabled=not text.strip(),
               icon=":material/deselect:")
-guarded(lambda: prepare_ablation(ws, lab_file), stop=False)  # Ray backend: the workers hold this checkpoint before the click
+guarded(lambda: prepare_ablation(ws, lab_file), stop=False)  # the clean run (here or in the Ray workers) before the click
 
 # ------------------------------------------------------------------ run
 history = ablation_history()

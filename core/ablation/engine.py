@@ -28,6 +28,9 @@ Three more cuts, each self-checked (they are what takes a Pythia-160m recipe pas
   lowest ablated layer is the clean one plus that change, so that layer is not replayed at all.
   Every probe mode writes at hook_z from clean statistics, so both cuts hold for each of them.
 
+Between studies on the same model and probe (the lab's clicks, a Ray worker's calls) the clean run is
+kept (`CleanRuns`, recorded at every layer; clean_run.py), so a study is its conditions alone.
+
 Precision: a bfloat16/float16 model runs its blocks in that dtype, but the metrics (query_metrics)
 and the replacement statistics (means, ...) are computed in float32; the self-check's tolerance is a few units
 of the dtype's precision, since a replay may round differently from the full forward.
@@ -35,12 +38,12 @@ of the dtype's precision, since a replay may round differently from the full for
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
-from transformer_lens.model_bridge.generalized_components import ParallelBlockBridge
-from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXAttention, GPTNeoXLayer, apply_rotary_pos_emb
+from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXAttention, GPTNeoXLayer, rotate_half
 
+from core.ablation.clean_run import CleanRuns, Recorder, adds_attention_to_residual, fits_clean_run
 from core.ablation.replacements import (Replacements, ablation_hooks, compute_replacements, head_mask_rows, per_row,
                                         replaced_hook_names)
 from core.ablation.spec import PROBE_MODES, SEQUENCE_MODES, Ablation, ConditionMetrics, query_metrics
@@ -117,25 +120,6 @@ class AblationCancelled(HeadLabError):
     """Raised when the app's cancel() callback asks the engine to stop."""
 
 
-def _block_input(args: tuple, kwargs: dict) -> torch.Tensor:
-    return args[0] if args else kwargs["hidden_states"]
-
-
-def _clean_block_kwargs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """A block's recorded call arguments without the residual and without any KV cache."""
-    rest = tuple(args[1:])
-    clean = {}
-    for key, value in kwargs.items():
-        if key == "hidden_states":
-            continue
-        if key in ("use_cache", "output_attentions"):
-            value = False
-        elif type(value).__name__.endswith("Cache") or key in ("layer_past", "past_key_value", "past_key_values"):
-            value = None
-        clean[key] = value
-    return rest, clean
-
-
 def _fit_batch(value: Any, rows: int, index: torch.Tensor | None, repeat: int) -> Any:
     """Adapt a recorded tensor argument with batch dim `rows` to `index` rows repeated `repeat` times.
 
@@ -154,61 +138,7 @@ def _fit_batch(value: Any, rows: int, index: torch.Tensor | None, repeat: int) -
     return picked.repeat(repeat, *([1] * (picked.ndim - 1)))
 
 
-class _Recorder:
-    """Records, in the clean forward, what every block from `first` on receives; the final residual;
-    and the clean hook_z of the `z_layers` (for the parallel-residual shortcut)."""
-
-    def __init__(self, model: Any, first: int, keep: Iterable[int] = (), z_layers: Iterable[int] = (), lo: int = 0):
-        self.model = model
-        self.lo = lo  # the probe index of the first example it records (what resample/token-wise replacements read)
-        self.first = first
-        self.keep = set(keep)  # layers whose input residual is kept (the conditions' start layers)
-        self.z_layers = sorted(set(z_layers))
-        self.inputs: dict[int, torch.Tensor] = {}
-        self.calls: dict[int, tuple[tuple, dict]] = {}
-        self.z: dict[int, torch.Tensor] = {}  # layer -> clean z [row, pos, head, d_head]
-        self.final: torch.Tensor | None = None
-        self.handles = []
-        self.z_hooks = None
-
-    def __enter__(self) -> "_Recorder":
-        for layer, block in enumerate(self.model.blocks):
-            if layer >= self.first:
-                self.handles.append(block.register_forward_pre_hook(self._pre(layer), with_kwargs=True))
-        self.handles.append(self.model.ln_final.register_forward_pre_hook(self._final, with_kwargs=True))
-        self.z_hooks = self.model.hooks(fwd_hooks=[(hook_name("z", layer), self._keep_z(layer)) for layer in self.z_layers])
-        self.z_hooks.__enter__()
-        return self
-
-    def resid_before(self, layer: int) -> torch.Tensor:
-        """The clean residual entering block `layer` (the final norm's input when layer == L)."""
-        return self.final if layer >= len(self.model.blocks) else self.inputs[layer]
-
-    def _keep_z(self, layer: int):
-        def hook(z, hook=None):
-            self.z[layer] = z.detach()
-            return z
-
-        return hook
-
-    def _pre(self, layer: int):
-        def hook(module, args, kwargs):
-            if layer in self.keep:
-                self.inputs[layer] = _block_input(args, kwargs).detach()
-            self.calls[layer] = _clean_block_kwargs(args, kwargs)
-
-        return hook
-
-    def _final(self, module, args, kwargs):
-        self.final = _block_input(args, kwargs).detach()
-
-    def __exit__(self, *exc) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.z_hooks.__exit__(*exc)
-
-
-def _run_tail(model: Any, recorder: _Recorder, start: int, resid: torch.Tensor, rows: int, index, repeat: int,
+def _run_tail(model: Any, recorder: Recorder, start: int, resid: torch.Tensor, rows: int, index, repeat: int,
               query_pos: torch.Tensor, last_mlp_at_query: bool = False,
               last_attention_at_query: bool = False) -> torch.Tensor:
     """Blocks start..L-1 from `resid` [row, pos, d_model], then final norm + unembed at query_pos [row] -> [row, vocab].
@@ -273,9 +203,11 @@ def _neox_block_at_query(layer: GPTNeoXLayer, x: torch.Tensor, kwargs: dict, row
     n_rows, n_pos, _ = x.shape
     qkv = attention.query_key_value(layer.input_layernorm(x)).view(n_rows, n_pos, -1, 3 * attention.head_size)
     query, key, value = qkv.transpose(1, 2).chunk(3, dim=-1)  # [row, head, pos, d_head] each
-    cos, sin = kwargs["position_embeddings"]
-    query, key = apply_rotary_pos_emb(query, key, cos, sin)
+    cos, sin = kwargs["position_embeddings"]  # [row or 1, pos, rotary_dim] each
+    key = _rotated(key, cos[:, None], sin[:, None])
+    cos_rows = rows_index if cos.shape[0] > 1 else torch.zeros_like(rows_index)
     query = query[rows_index, :, query_pos][:, :, None, :]  # [row, head, 1, d_head]
+    query = _rotated(query, cos[cos_rows, query_pos][:, None, None], sin[cos_rows, query_pos][:, None, None])
     scores = torch.matmul(query, key.transpose(2, 3)) * attention.scaling  # [row, head, 1, pos]
     scores = scores + _query_mask(kwargs.get("attention_mask"), rows_index, query_pos, n_pos, scores.dtype)
     weights = torch.nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
@@ -286,6 +218,15 @@ def _neox_block_at_query(layer: GPTNeoXLayer, x: torch.Tensor, kwargs: dict, row
         return layer.mlp(layer.post_attention_layernorm(x_query)) + attn_out + x_query
     attn_out = attn_out + x_query
     return layer.mlp(layer.post_attention_layernorm(attn_out)) + attn_out
+
+
+def _rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' apply_rotary_pos_emb on one tensor: x [row, head, pos, d_head] with cos and sin
+    broadcasting to its first rotary_dim features (the rest pass unrotated). One tensor so the
+    query is rotated at its query position only."""
+    rotary_dim = cos.shape[-1]
+    x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
+    return torch.cat([x_rot * cos + rotate_half(x_rot) * sin, x_pass], dim=-1)
 
 
 def _query_mask(mask: torch.Tensor | None, rows_index: torch.Tensor, query_pos: torch.Tensor, n_pos: int,
@@ -301,11 +242,6 @@ def _query_mask(mask: torch.Tensor | None, rows_index: torch.Tensor, query_pos: 
         allowed = mask[rows_index if mask.shape[0] > 1 else torch.zeros_like(rows_index), 0, query_pos]
     blocked = torch.zeros(allowed.shape, dtype=dtype, device=query_pos.device).masked_fill(~allowed, torch.finfo(dtype).min)
     return blocked[:, None, None, :]
-
-
-def _adds_attention_to_residual(model: Any, layer: int) -> bool:
-    """Whether block `layer` is out = x + attn(x) + mlp(x) (TransformerLens's ParallelBlockBridge)."""
-    return isinstance(model.blocks[layer], ParallelBlockBridge)
 
 
 def _head_change(weights: torch.Tensor, z: torch.Tensor, chunk: Sequence[Ablation], layer: int, rows: tuple[int, int],
@@ -361,7 +297,7 @@ def _auto_chunk(model: Any, rows: int, seq_len: int, n_conditions: int, full_log
     return chunk_size_for(per_condition, n_conditions, memory_budget(device), "stacked ablation conditions")
 
 
-def _condition_logits(model: Any, rec: _Recorder, chunk: Sequence[Ablation], start: int, rows: int, query: torch.Tensor,
+def _condition_logits(model: Any, rec: Recorder, chunk: Sequence[Ablation], start: int, rows: int, query: torch.Tensor,
                       replacements: Replacements | None, n_rows: int | None = None,
                       start_weights: torch.Tensor | None = None, last_mlp_at_query: bool = False) -> torch.Tensor:
     """One stacked forward of `chunk` from the clean run `rec` recorded on `rows` examples: logits at
@@ -417,9 +353,9 @@ def stream_conditions(
     device: str | torch.device | None = None,
     progress: Callable[[int, int], None] | None = None,
     cancel: Callable[[], bool] | None = None,
-    example_batch_size: int | None = None,
     strategy: str = "auto",
     notes: list[str] | None = None,
+    clean_runs: CleanRuns | None = None,
 ) -> Iterator[tuple[int | None, ConditionMetrics]]:
     """The clean run and every condition's per-example metrics at the query position, as each finishes.
 
@@ -428,10 +364,11 @@ def stream_conditions(
     Yields (None, clean) first, then (i, metrics of conditions[i]) once per condition; condition 0
     comes first (a study's candidate: what a reader waits for), the others in the engine's order.
     chunk_size: conditions stacked into one forward (default: 1 on the CPU, memory-sized on CUDA).
-    example_batch_size: examples per forward (default: as many as fit in the free memory).
+    Examples per forward: as many as fit in the free memory (_auto_example_batch).
     strategy: "auto" (prefix reuse, self-checked; falls back to full forwards), "prefix", or "full".
     progress(done, total) is called as condition evaluations finish; cancel() -> True stops the run
     (AblationCancelled). Explanations of what was done go to `notes` when a list is given.
+    clean_runs: where the clean run is kept between calls on the same model and batch (see CleanRuns).
     """
     if strategy not in ("auto", "prefix", "full"):
         raise HeadLabError(f"engine strategy {strategy!r} is unknown; use 'auto', 'prefix' or 'full'.")
@@ -462,11 +399,15 @@ def stream_conditions(
     first_start = min([key[0] for key in groups] or [n_layers])
     starts = sorted({key[0] for key in groups if key[0] < n_layers}) if strategy != "full" else []
     # parallel-residual start layers are skipped: their clean output and z are kept instead
-    shortcut_starts = [start for start in starts if _adds_attention_to_residual(model, start)]
+    shortcut_starts = [start for start in starts if adds_attention_to_residual(model, start)]
     n_kept = 1 + len(starts) + 2 * len(shortcut_starts)
-    ex_size = int(example_batch_size or _auto_example_batch(model, n, seq_len, n_kept, device))
-    if ex_size < 1:
-        raise HeadLabError("example_batch_size must be at least 1.")
+    ex_size = _auto_example_batch(model, n, seq_len, n_kept, device)
+    recorded_first, recorded_starts, recorded_z = first_start, starts, shortcut_starts  # what the clean forward records
+    if clean_runs is not None and strategy != "full" and ex_size >= n and fits_clean_run(model, n, seq_len):
+        recorded_first, recorded_starts = 0, list(range(n_layers))  # every layer: the kept run serves any conditions
+        recorded_z = [start for start in recorded_starts if adds_attention_to_residual(model, start)]
+    else:
+        clean_runs = None
     example_chunks = [(s, min(s + ex_size, n)) for s in range(0, n, ex_size)]
 
     total = len(example_chunks) * (1 + len(conditions))
@@ -490,12 +431,18 @@ def stream_conditions(
             mask = None if mask_all is None else mask_all[lo:hi].to(device)
             query, target = query_all[lo:hi], target_all[lo:hi]
             rows = hi - lo
-            keep = starts + [start + 1 for start in shortcut_starts]
-            recorder = _Recorder(model, first_start if use_prefix else n_layers, keep, shortcut_starts if use_prefix else (), lo)
-            with recorder as rec:
-                logits = model(tokens, **mask_kwargs(mask))  # [row, pos, vocab]; the blocks' recorded kwargs carry it
-            clean_q = logits[torch.arange(rows, device=device), query]  # [row, vocab]
-            del logits
+            kept = None if clean_runs is None else clean_runs.find(model, batch)
+            if kept is not None:
+                rec, clean_q = kept
+            else:
+                keep = recorded_starts + [start + 1 for start in recorded_z]
+                recorder = Recorder(model, recorded_first if use_prefix else n_layers, keep, recorded_z if use_prefix else (), lo)
+                with recorder as rec:
+                    logits = model(tokens, **mask_kwargs(mask))  # [row, pos, vocab]; the blocks' recorded kwargs carry it
+                clean_q = logits[torch.arange(rows, device=device), query]  # [row, vocab]
+                del logits
+                if clean_runs is not None:
+                    clean_runs.hold(model, batch, rec, clean_q)
             clean_parts.append(query_metrics(clean_q, target))
             last_examples = c_index == len(example_chunks) - 1  # where the clean run and every condition finish
             if last_examples:

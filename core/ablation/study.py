@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import torch
 
+from core.ablation.clean_run import CleanRuns
 from core.ablation.engine import run_conditions, stream_conditions
 from core.ablation.spec import MODE_HELP, PROBE_MODES, Ablation, ConditionMetrics
 from core.errors import HeadLabError
@@ -169,19 +170,21 @@ def ablation_study(
     progress: Callable[[int, int], None] | None = None,
     cancel: Callable[[], bool] | None = None,
     on_condition: ConditionFn | None = None,
+    clean_runs: CleanRuns | None = None,
 ) -> AblationResult:
     """Ablate `selection`, its controls and (unless settings say no) the upper bound; compute stats and verdicts.
 
     batch: tokens [example, pos], query_pos [example], target [example] (a ProbeBatch).
     progress(done, total) and cancel() are passed to the engine (run_conditions); on_condition is
-    called as each condition finishes, the candidate first (see ConditionFn).
+    called as each condition finishes, the candidate first (see ConditionFn). clean_runs: where the
+    clean run is kept for the next study on this model and batch (the engine's CleanRuns).
     """
     n_layers, n_heads, _ = model_shape(model)
     conditions, sets = study_conditions(selection, n_layers, n_heads, settings)
     notes: list[str] = []
     clean, results = None, [None] * len(conditions)
     for index, metrics in stream_conditions(model, batch, conditions, chunk_size=settings.chunk_size, device=device,
-                                            progress=progress, cancel=cancel, notes=notes):
+                                            progress=progress, cancel=cancel, notes=notes, clean_runs=clean_runs):
         if index is None:
             clean = metrics
             continue

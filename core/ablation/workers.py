@@ -5,12 +5,14 @@ independent given the model and the probe batch, and on a CPU the study's time i
 An `AblationWorker` loads a checkpoint once and keeps it, so a pool of them (Ray actors, one per
 core) answers study after study warm: only keys (model reference, revision, dtype, probe spec) and
 the conditions travel to a worker; per-example metrics come back. Each call runs `run_conditions`
-on a chunk of conditions (prefix reuse inside the worker: one clean run per chunk), so every number
+on a chunk of conditions (prefix reuse inside the worker, from the clean run it keeps), so every number
 is the one the serial study computes, bit for bit on the CPU at the same torch thread count.
 
-Chunks: the candidate alone first, so it arrives after one clean run and one condition (the app
-draws it at once); the rest dealt into one contiguous chunk per worker, the last of them (taken
-next by the candidate's worker, the first to be idle) shorter by the work the candidate took.
+Chunks: the candidate alone first, so it arrives after one condition (and the clean run, on a worker
+not yet warm: the app warms them before the click) and the app draws it at once; the rest dealt into
+one contiguous chunk per worker, the last of them (taken next by the candidate's worker, the first to
+be idle) one condition shorter. Each worker records its clean run once and keeps it (CleanRuns), so
+the candidate's call is all the head start that worker has.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
+from core.ablation.clean_run import CleanRuns
 from core.ablation.engine import AblationCancelled, run_conditions
 from core.ablation.spec import Ablation, ConditionMetrics
 from core.ablation.study import AblationResult, AblationSettings, ConditionFn, assemble_study, run_info, study_conditions
@@ -31,7 +34,6 @@ from core.probe import probe_batch_for
 from core.tasks.probe_file import ProbeFile
 from core.tasks.specs import ProbeSpec, spec_from_json
 
-CLEAN_RUN_COST = 3  # one clean run costs about this many conditions (3.4 measured on the quick zoo, 1 thread)
 NOTHING_STORED = "Nothing was stored: fix the cause and run the study again."  # a study's SweepFailed advice
 
 
@@ -58,10 +60,11 @@ class AblationWorker:
         self.loaded: tuple | None = None  # (ref, revision, dtype) of self.model
         self.model: Any = None
         self.batches: dict[str, Any] = {}
+        self.clean_runs = CleanRuns()  # the last batch's clean run, for the next call on it
 
     def _prepare(self, job: AblationJob) -> tuple[Any, Any]:
         if self.loaded != (job.ref, job.revision, job.dtype):
-            self.model = None  # free the last checkpoint before loading the next
+            self.model, self.clean_runs = None, CleanRuns()  # free the last checkpoint before loading the next
             self.model = load_model(job.ref, job.revision, self.device, job.dtype)
             self.loaded = (job.ref, job.revision, job.dtype)
         if job.spec_json not in self.batches:
@@ -73,11 +76,17 @@ class AblationWorker:
         """run_info of the job's model and batch (loading them if needed)."""
         return run_info(*self._prepare(job))
 
+    def warm(self, job: AblationJob) -> None:
+        """Load the job's model and batch, and record their clean run (kept for the studies that follow)."""
+        model, batch = self._prepare(job)
+        run_conditions(model, batch, [], clean_runs=self.clean_runs)
+
     def run(self, job: AblationJob) -> tuple[ConditionMetrics, list[ConditionMetrics], list[str]]:
         """(clean, [metrics of each of job.conditions], the engine's notes)."""
         model, batch = self._prepare(job)
         notes: list[str] = []
-        clean, results = run_conditions(model, batch, job.conditions, chunk_size=job.chunk_size, notes=notes)
+        clean, results = run_conditions(model, batch, job.conditions, chunk_size=job.chunk_size, notes=notes,
+                                        clean_runs=self.clean_runs)
         return clean, results, notes
 
 
@@ -105,17 +114,16 @@ def _describe(workers: WorkerPool, key: AblationJob) -> dict:
 
 
 def warm_workers(workers: WorkerPool, ref: ModelRef, revision: str, spec: ProbeSpec | ProbeFile, dtype: str = DEFAULT_DTYPE) -> None:
-    """Load the checkpoint and build the probe batch in every worker (idle workers each take one call)."""
-    for _ in workers.map("describe", [_job(ref, revision, spec, dtype)] * workers.size):
+    """Load the checkpoint, build the probe batch and record its clean run in every worker (idle workers each take one call)."""
+    for _ in workers.map("warm", [_job(ref, revision, spec, dtype)] * workers.size):
         pass
 
 
 def condition_chunks(n_conditions: int, n_workers: int) -> list[list[int]]:
     """Condition indexes per call: [0] (the candidate) alone, then the rest in n_workers contiguous chunks,
-    the last shorter by the candidate call's work (a clean run and a condition); empty chunks dropped."""
+    the last one condition shorter (the candidate's worker takes it next); empty chunks dropped."""
     rest = list(range(1, n_conditions))
-    head_start = CLEAN_RUN_COST + 1
-    share = (len(rest) + head_start) / max(1, n_workers)
+    share = (len(rest) + 1) / max(1, n_workers)
     cuts = [min(len(rest), math.ceil(share * k)) for k in range(1, n_workers)] + [len(rest)]
     chunks, low = [[0]], 0
     for high in cuts:

@@ -19,6 +19,7 @@ from transformer_lens.model_bridge import TransformerBridge
 from transformers import AutoModelForCausalLM, GPTNeoXConfig
 from transformers.utils import logging as hf_logging
 
+from core.ablation.clean_run import CleanRuns
 from core.ablation.engine import run_conditions
 from core.ablation.spec import Ablation, query_metrics
 from core.cli.probe import add_device_arguments
@@ -83,8 +84,12 @@ def _naive_conditions(model: Any, batch: Any, conditions: Sequence[Ablation]) ->
 
 def time_conditions(model: Any, batch: Any, conditions: Sequence[Ablation], repeats: int = 3,
                     chunk_size: int | None = None) -> dict:
-    """Time the engine and the naive loop on the same conditions, alternating; medians, ratio, max difference."""
-    naive_times, engine_times = [], []
+    """Time the engine and the naive loop on the same conditions, alternating; medians, ratio, max difference.
+    Also the engine from a kept clean run (CleanRuns, recorded once before: the lab's clicks after the first)."""
+    naive_times, engine_times, kept_times = [], [], []
+    kept = CleanRuns()
+    run_conditions(model, batch, [], clean_runs=kept)
+    kept_identical = True
     naive_cpu, engine_cpu = [], []  # process CPU time: robust when other processes share the cores
     max_diff = 0.0
     notes: list[str] = []
@@ -97,11 +102,17 @@ def time_conditions(model: Any, batch: Any, conditions: Sequence[Ablation], repe
         clean, results = run_conditions(model, batch, conditions, chunk_size=chunk_size, notes=notes if r == 0 else None)
         engine_times.append(time.perf_counter() - t0)
         engine_cpu.append(time.process_time() - c0)
+        t0 = time.perf_counter()
+        kept_clean, kept_results = run_conditions(model, batch, conditions, chunk_size=chunk_size, clean_runs=kept)
+        kept_times.append(time.perf_counter() - t0)
+        kept_identical &= all(np.array_equal(a.values(metric), b.values(metric)) for metric in METRICS
+                              for a, b in zip([clean] + results, [kept_clean] + kept_results))
         for ref, got in zip(naive, [clean] + results):
             for metric in METRICS:
                 max_diff = max(max_diff, float(np.abs(ref[metric] - got.values(metric)).max()))
-    naive_s, engine_s = statistics.median(naive_times), statistics.median(engine_times)
+    naive_s, engine_s, kept_s = statistics.median(naive_times), statistics.median(engine_times), statistics.median(kept_times)
     return {
+        "engine_kept_clean_s": kept_s, "speedup_kept_clean_vs_engine": engine_s / kept_s, "kept_clean_identical": kept_identical,
         "naive_s": naive_s, "engine_s": engine_s, "speedup": naive_s / engine_s, "max_metric_diff": max_diff,
         "speedup_per_repeat": [n / e for n, e in zip(naive_times, engine_times)],
         "naive_cpu_s": statistics.median(naive_cpu), "engine_cpu_s": statistics.median(engine_cpu),
@@ -156,6 +167,7 @@ def cli_bench_ablation(args: argparse.Namespace) -> dict:
         f"ablation bench (N={result['n_examples']}, T={result['seq_len']}, {result['n_conditions']} conditions incl. clean, "
         f"selection {result['selection']}): naive {result['naive_s']:.3f}s, engine {result['engine_s']:.3f}s, "
         f"speedup {result['speedup']:.2f}x (CPU time: {result['speedup_cpu']:.2f}x), "
-        f"max metric diff {result['max_metric_diff']:.2e}"
+        f"max metric diff {result['max_metric_diff']:.2e}; from a kept clean run {result['engine_kept_clean_s']:.3f}s "
+        f"({result['speedup_kept_clean_vs_engine']:.2f}x the engine, identical: {result['kept_clean_identical']})"
     )
     return result

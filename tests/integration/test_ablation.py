@@ -17,19 +17,23 @@ import torch
 
 from transformer_lens.model_bridge import TransformerBridge
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+from transformers.models.gpt_neox.modeling_gpt_neox import apply_rotary_pos_emb
 
 import core.ablation.engine as ablation_module
+from core.ablation.clean_run import CleanRuns, clean_block_kwargs
 from core.ablation.engine import AblationCancelled, ablated_logits_fn, greedy_exact_match, run_conditions
 from core.ablation.replacements import Replacements, compute_replacements
 from core.ablation.spec import Ablation, query_metrics
 from core.ablation.study import AblationResult, AblationSettings, ablation_study
+from core.bench.live import bench_live
 from core.errors import HeadLabError
 from core.heads import HeadSet
 from core.probe import collect_head_stats
 from core.stats.controls import upper_bound
 from core.stats.inference import z_score
 from core.tasks.induction import InductionProbeSpec
-from tests.tiny_models import save_tiny_model
+from core.workspace import zoo_dir
+from tests.tiny_models import make_fake_zoo, save_tiny_model
 
 N_LAYERS, N_HEADS, D_MODEL = 3, 4, 64
 D_HEAD = D_MODEL // N_HEADS
@@ -211,7 +215,7 @@ def test_the_last_block_at_the_query_rows_equals_the_whole_block(tiny, tiny_sequ
 
     def keep(module, args, kwargs):  # what the engine's recorder keeps (no KV cache)
         recorded["x"] = args[0] if args else kwargs["hidden_states"]
-        recorded["kwargs"] = ablation_module._clean_block_kwargs(args, kwargs)[1]
+        recorded["kwargs"] = clean_block_kwargs(args, kwargs)[1]
 
     mask = {}
     if padding == "left":
@@ -230,6 +234,45 @@ def test_the_last_block_at_the_query_rows_equals_the_whole_block(tiny, tiny_sequ
                                                         batch.query_pos)
     assert at_query.shape == (x.shape[0], 1, x.shape[2])
     torch.testing.assert_close(at_query[:, 0], whole[rows, batch.query_pos], atol=1e-5, rtol=1e-5)
+
+
+def test_rotating_one_tensor_equals_transformers_rotary():
+    """_rotated (the query at its query row, the keys at every position) is apply_rotary_pos_emb's arithmetic,
+    a partial rotary (the first 6 of 8 features) included."""
+    gen = torch.Generator().manual_seed(0)
+    query, key = torch.randn(2, 3, 5, 8, generator=gen), torch.randn(2, 3, 5, 8, generator=gen)  # [row, head, pos, d_head]
+    cos, sin = torch.randn(2, 5, 6, generator=gen), torch.randn(2, 5, 6, generator=gen)  # [row, pos, rotary_dim]
+    want_query, want_key = apply_rotary_pos_emb(query, key, cos, sin)
+    assert torch.equal(ablation_module._rotated(query, cos[:, None], sin[:, None]), want_query)
+    assert torch.equal(ablation_module._rotated(key, cos[:, None], sin[:, None]), want_key)
+    at = torch.tensor([4, 1])  # each row's query position
+    rows = torch.arange(2)
+    one = ablation_module._rotated(query[rows, :, at][:, :, None], cos[rows, at][:, None, None], sin[rows, at][:, None, None])
+    assert torch.equal(one[:, :, 0], want_query[rows, :, at])
+
+
+def test_a_kept_clean_run_serves_later_studies_with_the_same_numbers(tiny):
+    """CleanRuns: one clean forward serves studies on other layers and modes; numbers equal a fresh run's;
+    another batch is not served from it."""
+    _, model = tiny
+    batch, other = _batch(n=8, seed=4), _batch(n=8, seed=5)
+    studies = [[Ablation(HeadSet(((1, 0), (1, 2))))], [Ablation(HeadSet(((2, 1),)), mode="mean"), Ablation(mlp_layers=(1,))]]
+    forwards = []
+    handle = model.blocks[0].register_forward_pre_hook(lambda module, args: forwards.append(1))
+    try:
+        kept = CleanRuns()
+        reused = [run_conditions(model, batch, conditions, clean_runs=kept) for conditions in studies]
+        assert len(forwards) == 1 + 1  # block 0 ran in the clean forward and the pass measuring means, nothing else
+        assert kept.find(model, batch) is not None and kept.find(model, other) is None
+        run_conditions(model, other, studies[0], clean_runs=kept)
+        assert len(forwards) == 3  # a new clean forward for the other batch
+    finally:
+        handle.remove()
+    for conditions, (clean, results) in zip(studies, reused):
+        want_clean, want = run_conditions(model, batch, conditions)
+        for got, expected in zip([clean, *results], [want_clean, *want]):
+            for metric in ("loss", "target_logit", "top1", "top5"):
+                np.testing.assert_array_equal(got.values(metric), expected.values(metric))
 
 
 @pytest.mark.parametrize("family", ["llama", "olmoe", "hhg", "gpt_neox_norotary"])
@@ -282,12 +325,13 @@ def test_failed_self_check_falls_back_to_full_forwards(tiny, monkeypatch):
     _assert_same(got, _zeroed_wo_metrics(hf, heads, batch))
 
 
-def test_stacked_conditions_and_example_chunks_match_the_loop(tiny):
+def test_stacked_conditions_and_example_chunks_match_the_loop(tiny, monkeypatch):
     _, model = tiny
     batch = _batch(n=11, seed=2)
     conditions = [Ablation(HeadSet(((l, h),))) for l in range(N_LAYERS) for h in (0, 3)]
     _, loop = run_conditions(model, batch, conditions, chunk_size=1)
-    _, stacked = run_conditions(model, batch, conditions, chunk_size=4, example_batch_size=4)
+    monkeypatch.setattr(ablation_module, "_auto_example_batch", lambda *args: 4)  # 11 examples in chunks of 4, 4, 3
+    _, stacked = run_conditions(model, batch, conditions, chunk_size=4)
     for a, b in zip(loop, stacked):
         _assert_same(b, {m: a.values(m) for m in ("loss", "top1", "top5", "target_logit")})
 
@@ -437,3 +481,16 @@ def test_ablation_study_bad_input(tiny):
     # more than half of a layer is fine when any-layer controls are asked for
     ok = ablation_study(model, batch, HeadSet(((1, 0), (1, 1), (1, 2))), AblationSettings(n_controls=2, controls="any-layer", n_boot=50))
     assert len(ok.controls) == 2 and "recipe" not in ok.verdicts
+
+
+def test_bench_live_times_both_ways_with_the_same_numbers(tmp_path, monkeypatch):
+    """`bench live` on a fake zoo model: both ways timed every repeat, the candidate before the verdict, same numbers."""
+    monkeypatch.setenv("HEADLAB_HOME", str(tmp_path / "home"))
+    make_fake_zoo(zoo_dir(), "tiny-live-neox", "gpt_neox", steps=(0,))
+    result = bench_live("tiny-live-neox", heads="L1H0,L1H2", n_controls=3, n_examples=8, seq_len=16, repeats=2, threads=1)
+    assert result["identical"] is True and result["threads"] == 1 and result["selection"] == "L1H0,L1H2"
+    for way in ("own_clean_run", "kept_clean_run"):
+        times = result["times_s"][way]
+        assert len(times["candidate"]) == len(times["verdict"]) == 2
+        assert all(0 < c <= v for c, v in zip(times["candidate"], times["verdict"]))
+    assert result["speedup_verdict_kept_vs_own"] > 0

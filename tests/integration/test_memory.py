@@ -16,6 +16,7 @@ import torch
 from transformer_lens.model_bridge import TransformerBridge
 from transformers import AutoModelForCausalLM, GPTNeoXConfig
 
+import core.ablation.engine as engine
 from core.ablation.engine import _example_bytes, run_conditions
 from core.ablation.spec import Ablation
 from core.errors import HeadLabError
@@ -117,7 +118,7 @@ def measure_peaks() -> None:
     warm = InductionProbeSpec(n_examples=1, seq_len=8, token_low=100, token_high=1000, seed=0).build()
     conditions = [Ablation(HeadSet(((layer, 0),))) for layer in (0, n_layers // 2)]
     collect_head_stats(model, warm, chunk_size=1)  # lazy set-up out of the way
-    run_conditions(model, warm, conditions[:1], example_batch_size=1)
+    run_conditions(model, warm, conditions[:1])
 
     if not _reset_peak():
         print(json.dumps({"probe": None, "engine": None}))
@@ -129,7 +130,8 @@ def measure_peaks() -> None:
         block.attn._pattern = None
     _reset_peak()
     estimate = n * _example_bytes(model, seq_len, n_kept=3)  # the two start layers' residuals + the final one
-    out["engine"] = {"measured": _peak_growth(lambda: run_conditions(model, batch, conditions, example_batch_size=n)),
+    engine._auto_example_batch = lambda *args: n  # all n examples in one batch (n = 24 is not a power of two)
+    out["engine"] = {"measured": _peak_growth(lambda: run_conditions(model, batch, conditions)),
                      "estimate": estimate}
     print(json.dumps(out))
 

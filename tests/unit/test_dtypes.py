@@ -17,6 +17,7 @@ MODEL_COMMANDS = {
     "probe": ["m"], "screen": ["m"], "ablate": ["m", "--heads", "L0H0"], "recipe": ["m"],
     "attribution": ["m", "--task", "reverse"], "proposers": ["m"], "export": ["m", "--figure", "all", "--out", "x"],
     "coactivation": ["m"], "replicate": ["spectral"], "bench probe": [], "bench ablation": [], "bench scale": [],
+    "bench live": [],
 }
 
 

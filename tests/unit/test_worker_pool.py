@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from core.ablation.workers import CLEAN_RUN_COST, condition_chunks
+from core.ablation.workers import condition_chunks
 from core.errors import HeadLabError
 from core.executor import SerialExecutor, SweepFailed
 
@@ -57,12 +57,12 @@ def test_serial_pool_retries_a_call_once_then_reports_it_by_name_after_the_other
 
 
 def test_condition_chunks_put_the_candidate_alone_first_and_balance_the_rest():
-    assert CLEAN_RUN_COST == 3
-    # 20 controls + upper bound on 2 workers: (21 + 4) / 2 = 12.5 -> 13 conditions, and 8 for the candidate's worker
-    assert condition_chunks(22, 2) == [[0], list(range(1, 14)), list(range(14, 22))]
+    # 20 controls + upper bound on 2 workers: (21 + 1) / 2 = 11 conditions each, 10 for the candidate's worker
+    assert condition_chunks(22, 2) == [[0], list(range(1, 12)), list(range(12, 22))]
     assert condition_chunks(22, 1) == [[0], list(range(1, 22))]
-    assert condition_chunks(5, 2) == [[0], [1, 2, 3, 4]]  # the candidate's worker has done its share already
+    assert condition_chunks(3, 2) == [[0], [1, 2]]  # the candidate is the share of its worker
+    assert condition_chunks(2, 3) == [[0], [1]]  # empty chunks dropped
     assert condition_chunks(1, 3) == [[0]]
     chunks = condition_chunks(40, 3)
     assert sorted(i for chunk in chunks for i in chunk) == list(range(40))
-    assert [len(c) for c in chunks] == [1, 15, 14, 10]  # (39 + 4) / 3 = 14.33: cuts at 15 and 29
+    assert [len(c) for c in chunks] == [1, 14, 13, 12]  # (39 + 1) / 3 = 13.33: cuts at 14 and 27

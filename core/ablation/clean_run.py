@@ -1,0 +1,147 @@
+"""The clean forward an ablation study starts from: what it records, and keeping it between studies.
+
+The engine (engine.py) reruns only the blocks from each condition's lowest ablated layer; `Recorder`
+takes, during the clean forward, what those blocks receive (the residual entering them, their call's
+arguments) and a parallel-residual block's clean z. `CleanRuns` keeps one such record for the next
+study on the same model and probe batch: the lab's every click, and every call to a Ray ablation
+worker, starts from the same clean forward.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Iterable
+
+import torch
+from transformer_lens.model_bridge.generalized_components import ParallelBlockBridge
+
+from core.model.hooks import hook_name
+from core.model.memory import ForwardShape
+
+def block_input(args: tuple, kwargs: dict) -> torch.Tensor:
+    return args[0] if args else kwargs["hidden_states"]
+
+
+def clean_block_kwargs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A block's recorded call arguments without the residual and without any KV cache."""
+    rest = tuple(args[1:])
+    clean = {}
+    for key, value in kwargs.items():
+        if key == "hidden_states":
+            continue
+        if key in ("use_cache", "output_attentions"):
+            value = False
+        elif type(value).__name__.endswith("Cache") or key in ("layer_past", "past_key_value", "past_key_values"):
+            value = None
+        clean[key] = value
+    return rest, clean
+
+
+class Recorder:
+    """Records, in the clean forward, what every block from `first` on receives; the final residual;
+    and the clean hook_z of the `z_layers` (for the parallel-residual shortcut)."""
+
+    def __init__(self, model: Any, first: int, keep: Iterable[int] = (), z_layers: Iterable[int] = (), lo: int = 0):
+        self.model = model
+        self.n_layers = len(model.blocks)
+        self.lo = lo  # the probe index of the first example it records (what resample/token-wise replacements read)
+        self.first = first
+        self.keep = set(keep)  # layers whose input residual is kept (the conditions' start layers)
+        self.z_layers = sorted(set(z_layers))
+        self.inputs: dict[int, torch.Tensor] = {}
+        self.calls: dict[int, tuple[tuple, dict]] = {}
+        self.z: dict[int, torch.Tensor] = {}  # layer -> clean z [row, pos, head, d_head]
+        self.final: torch.Tensor | None = None
+        self.handles = []
+        self.z_hooks = None
+
+    def __enter__(self) -> "Recorder":
+        for layer, block in enumerate(self.model.blocks):
+            if layer >= self.first:
+                self.handles.append(block.register_forward_pre_hook(self._pre(layer), with_kwargs=True))
+        self.handles.append(self.model.ln_final.register_forward_pre_hook(self._final, with_kwargs=True))
+        self.z_hooks = self.model.hooks(fwd_hooks=[(hook_name("z", layer), self._keep_z(layer)) for layer in self.z_layers])
+        self.z_hooks.__enter__()
+        return self
+
+    def resid_before(self, layer: int) -> torch.Tensor:
+        """The clean residual entering block `layer` (the final norm's input when layer == L)."""
+        return self.final if layer >= self.n_layers else self.inputs[layer]
+
+    def _keep_z(self, layer: int):
+        def hook(z, hook=None):
+            self.z[layer] = z.detach()
+            return z
+
+        return hook
+
+    def _pre(self, layer: int):
+        def hook(module, args, kwargs):
+            if layer in self.keep:
+                self.inputs[layer] = block_input(args, kwargs).detach()
+            self.calls[layer] = clean_block_kwargs(args, kwargs)
+
+        return hook
+
+    def _final(self, module, args, kwargs):
+        self.final = block_input(args, kwargs).detach()
+
+    def __exit__(self, *exc) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.z_hooks.__exit__(*exc)
+        self.model, self.handles, self.z_hooks = None, [], None  # the record keeps tensors, not the model (CleanRuns)
+
+
+CLEAN_RUN_BYTES = 512 * 2**20  # the most a kept clean run may hold (residuals and z of every layer)
+
+
+class CleanRuns:
+    """The clean run of one probe batch, kept for the next study on the same model and batch.
+
+    Why: the lab's every click on a checkpoint, and every call to a Ray ablation worker, starts from
+    the same clean forward; on the quick zoo it is a third of a live study. A kept run records every
+    layer (its input residual, its block call, a parallel-residual block's clean z), so it serves any
+    conditions. It is kept only when the whole probe fits one example batch and the record fits
+    CLEAN_RUN_BYTES; otherwise each study records its own, as without it. The held record is never
+    changed after it is made (a new one replaces it), so studies on several threads may share one.
+    """
+
+    def __init__(self):
+        # (weak reference to the model, tokens, query_pos, attention_mask, recorder, clean query logits);
+        # weak, so a cache that drops the model frees it
+        self._held: tuple | None = None
+
+    def find(self, model: Any, batch: Any) -> tuple[Recorder, torch.Tensor] | None:
+        """(recorder, clean logits at the query [row, vocab]) kept for this model and batch, else None."""
+        held = self._held
+        if held is None or held[0]() is not model or not _same_batch(batch, held[1:4]):
+            return None
+        return held[4], held[5]
+
+    def hold(self, model: Any, batch: Any, recorder: Recorder, clean_q: torch.Tensor) -> None:
+        self._held = (weakref.ref(model), batch.tokens, batch.query_pos, getattr(batch, "attention_mask", None),
+                      recorder, clean_q)
+
+
+def _same_batch(batch: Any, held: tuple) -> bool:
+    """Whether batch has these tokens, query positions and attention mask (a cached batch may be a copy)."""
+    mask = getattr(batch, "attention_mask", None)
+    if (mask is None) != (held[2] is None):
+        return False
+    return (torch.equal(batch.tokens, held[0]) and torch.equal(batch.query_pos, held[1])
+            and (mask is None or torch.equal(mask, held[2])))
+
+
+def adds_attention_to_residual(model: Any, layer: int) -> bool:
+    """Whether block `layer` is out = x + attn(x) + mlp(x) (TransformerLens's ParallelBlockBridge)."""
+    return isinstance(model.blocks[layer], ParallelBlockBridge)
+
+
+def fits_clean_run(model: Any, n: int, seq_len: int) -> bool:
+    """Whether a clean run that records every layer (CleanRuns) fits CLEAN_RUN_BYTES: each layer's input
+    residual, a parallel-residual layer's z and output too, and the final residual [example, pos, d_model] each."""
+    shape = ForwardShape.of_model(model)
+    n_layers = len(model.blocks)
+    n_parallel = sum(adds_attention_to_residual(model, layer) for layer in range(n_layers))
+    return (1 + n_layers + 2 * n_parallel) * n * seq_len * shape.d_model * shape.element_size <= CLEAN_RUN_BYTES

@@ -1,0 +1,108 @@
+"""Benchmark: the ablation lab's click, recording its own clean run vs from the clean run kept between clicks.
+
+`python -m core bench live` loads a zoo model (default the quick zoo's induction-neox, its final
+checkpoint), builds the lab's default probe (induction, N = 256, T = 64) and runs the lab's study
+(default L1H1, L1H3, L1H6 against 20 matched controls + the upper bound), alternating: a study that
+records its own clean run (a first click on a checkpoint) and one from a kept clean run (CleanRuns,
+recorded once before: every later click). Each repeat uses a new control seed, as a user's fresh
+click would. It reports when the candidate arrives and when the study ends, their medians and ratios,
+and whether both give the same numbers. These are the study's times, not the browser's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from core.ablation.clean_run import CleanRuns
+from core.ablation.engine import run_conditions
+from core.ablation.study import AblationSettings, ablation_study
+from core.cli.probe import add_device_arguments
+from core.heads import parse_heads
+from core.model.hooks import model_shape
+from core.model.loading import DEFAULT_DTYPE, dtype_name, load_model
+from core.model.refs import ModelRef, resolve_checkpoint
+from core.stats.inference import METRICS
+from core.tasks.specs import probe_spec
+from core.threads import apply_thread_policy
+
+WAYS = ("own_clean_run", "kept_clean_run")
+
+
+def _same_numbers(a, b) -> bool:
+    """Whether two AblationResults hold the same per-example metrics, condition for condition."""
+    pairs = [(a.clean, b.clean), (a.candidate, b.candidate), *zip(a.controls, b.controls)]
+    if a.upper_bound is not None:
+        pairs.append((a.upper_bound, b.upper_bound))
+    return all(np.array_equal(x.values(m), y.values(m)) for x, y in pairs for m in METRICS)
+
+
+def bench_live(model: str = "induction-neox", revision: str | None = None, heads: str = "L1H1,L1H3,L1H6",
+               n_controls: int = 20, n_examples: int = 256, seq_len: int = 64, repeats: int = 4,
+               threads: int | None = None, device: str = "cpu", dtype: str = DEFAULT_DTYPE) -> dict:
+    """Candidate and verdict times [s] of both ways over `repeats` alternating runs; medians and ratios."""
+    if threads is None:
+        apply_thread_policy()  # what the lab does at the click
+    else:
+        torch.set_num_threads(int(threads))
+    ref = ModelRef.parse(model)
+    checkpoint = resolve_checkpoint(ref, revision)
+    loaded = load_model(ref, checkpoint.revision, device=device, dtype=dtype)
+    n_layers, n_heads, _ = model_shape(loaded)
+    selection = parse_heads(heads, n_layers, n_heads)
+    batch = probe_spec("induction", n_examples, seq_len).build()
+    kept = CleanRuns()
+    t0 = time.perf_counter()
+    run_conditions(loaded, batch, [], clean_runs=kept)
+    record_s = time.perf_counter() - t0
+    times: dict[str, dict[str, list[float]]] = {way: {"candidate": [], "verdict": []} for way in WAYS}
+    identical = True
+    for seed in range(int(repeats)):
+        results = {}
+        for way in WAYS:
+            arrived: list[float] = []
+            t0 = time.perf_counter()
+            results[way] = ablation_study(
+                loaded, batch, selection, AblationSettings(n_controls=n_controls, seed=seed),
+                on_condition=lambda i, metrics, clean: arrived.append(time.perf_counter() - t0) if i == 0 else None,
+                clean_runs=kept if way == "kept_clean_run" else None)
+            times[way]["verdict"].append(time.perf_counter() - t0)
+            times[way]["candidate"].append(arrived[0])
+        identical &= _same_numbers(*results.values())
+    median = {way: {what: statistics.median(v) for what, v in by.items()} for way, by in times.items()}
+    return {
+        "speedup_verdict_kept_vs_own": median["own_clean_run"]["verdict"] / median["kept_clean_run"]["verdict"],
+        "speedup_candidate_kept_vs_own": median["own_clean_run"]["candidate"] / median["kept_clean_run"]["candidate"],
+        "identical": identical, "median_s": median, "times_s": times, "record_clean_run_s": record_s,
+        "model": ref.name, "revision": checkpoint.revision, "selection": str(selection), "n_controls": n_controls,
+        "n_examples": n_examples, "seq_len": seq_len, "repeats": int(repeats), "threads": torch.get_num_threads(),
+        "device": str(device), "dtype": dtype_name(dtype),
+    }
+
+
+def add_bench_live_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="induction-neox", help="zoo model (default induction-neox)")
+    parser.add_argument("--revision", default=None, help="checkpoint (default: the final one)")
+    parser.add_argument("--heads", default="L1H1,L1H3,L1H6", help="the heads ablated (default L1H1,L1H3,L1H6)")
+    parser.add_argument("--controls", type=int, default=20, help="matched-random controls (default 20)")
+    parser.add_argument("--n-examples", type=int, default=256, help="probe examples N (default 256)")
+    parser.add_argument("--seq-len", type=int, default=64, help="sequence length T (default 64)")
+    parser.add_argument("--repeats", type=int, default=4, help="timed repeats; medians are reported (default 4)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the lab's choice at a click)")
+    add_device_arguments(parser)
+
+
+def cli_bench_live(args: argparse.Namespace) -> dict:
+    result = bench_live(args.model, args.revision, args.heads, args.controls, args.n_examples, args.seq_len,
+                        args.repeats, args.threads, args.device, args.dtype)
+    own, kept = result["median_s"]["own_clean_run"], result["median_s"]["kept_clean_run"]
+    print(f"live bench ({result['model']} {result['revision']}, {result['selection']} vs {result['n_controls']} matched "
+          f"+ upper bound, N={result['n_examples']}, T={result['seq_len']}, {result['threads']} threads): "
+          f"own clean run: candidate {own['candidate']:.2f}s, verdict {own['verdict']:.2f}s; kept clean run: "
+          f"candidate {kept['candidate']:.2f}s, verdict {kept['verdict']:.2f}s "
+          f"({result['speedup_verdict_kept_vs_own']:.2f}x); identical: {result['identical']}")
+    return result
