@@ -271,11 +271,17 @@ def cached_clean_runs(model_name: str, revision: str, probe_json: str, stamp: st
     return CleanRuns()
 
 
+@st.cache_resource(show_spinner=False, max_entries=4)
+def cached_file_batch(model_name: str, revision: str, stamp: str, dtype: str, probe_json: str, _probe_file: ProbeFile):
+    """probe_file's prompts tokenized by the model's tokenizer, once per file (probe_json names it by its SHA-256)."""
+    return probe_batch_for(_probe_file, cached_model(model_name, revision, stamp, dtype))
+
+
 def _lab_batch(ws: Workspace, probe_file: ProbeFile | None):
     """The lab's probe batch: the workspace probe's, or probe_file's prompts tokenized by the model's tokenizer."""
     if probe_file is None:
         return cached_batch(ws.spec_json)
-    return probe_batch_for(probe_file, cached_model(ws.model_name, ws.revision, ws.stamp, ws.dtype))
+    return cached_file_batch(ws.model_name, ws.revision, ws.stamp, ws.dtype, _probe_json(ws, probe_file), probe_file)
 
 
 def prepare_ablation(ws: Workspace, probe_file: ProbeFile | None = None) -> None:
