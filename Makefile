@@ -40,8 +40,10 @@ zoo: setup
 app: setup browser zoo
 	$(VENV)/bin/streamlit run app.py --server.address 127.0.0.1 --server.port 8501 --server.headless true
 
+# The suite runs on TEST_WORKERS pytest-xdist workers (tests/conftest.py says how they share the work).
+TEST_WORKERS ?= 2
 test: setup browser
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 clean-venv:
 	rm -rf $(VENV)

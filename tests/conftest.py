@@ -2,6 +2,12 @@
 
 Set HEADLAB_TEST_ZOO to a HEADLAB_HOME that already holds a trained quick zoo to reuse it
 (its zoo folder is copied, never written); otherwise the quick zoo is trained (about 5 minutes).
+
+`make test` runs the suite on pytest-xdist workers (`-n 2 --dist loadfile`): a test module runs
+whole on one worker (its module fixtures are made once), each worker has its own HEADLAB_HOME and its
+share of the cores as torch threads, the modules marked `ray` run one at a time
+(`one_ray_module_at_a_time`), and the workers split the quick zoo's training between them
+(`_train_shared_quick_zoo`).
 """
 
 from __future__ import annotations
@@ -13,12 +19,20 @@ from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock, Timeout
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 REFERENCE_DIR = REPO_ROOT.parent / "shared" / "reference"
 
 _SESSION_HOME = Path(tempfile.mkdtemp(prefix="headlab-test-home-"))
 os.environ["HEADLAB_HOME"] = str(_SESSION_HOME)
+
+XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if XDIST_WORKERS > 1:
+    # Two workers at torch's default count would oversubscribe the cores, which slows small models
+    # about 3x (README, "Threads"); each worker gets its share of them.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // XDIST_WORKERS))
+SHARED_ZOO = "quick-zoo"  # beside the workers' own temp folders: trained once, copied into each home
 
 
 @pytest.fixture(autouse=True)
@@ -32,7 +46,7 @@ def torch_threads_restored():
 
 
 @pytest.fixture(scope="session")
-def quick_zoo() -> Path:
+def quick_zoo(tmp_path_factory) -> Path:
     """The zoo folder holding the trained quick preset (trained here unless HEADLAB_TEST_ZOO is set)."""
     from core.zoo.presets import train_zoo
     from core.workspace import zoo_dir
@@ -40,16 +54,75 @@ def quick_zoo() -> Path:
     reuse = os.environ.get("HEADLAB_TEST_ZOO")
     target = zoo_dir()
     if reuse:
-        source = Path(reuse) / "zoo"
-        for model_dir in source.iterdir():
-            if not (target / model_dir.name).exists():
-                shutil.copytree(model_dir, target / model_dir.name)
-    train_zoo("quick", progress=False)
+        _copy_models(Path(reuse) / "zoo", target)
+    if XDIST_WORKERS > 1 and not _quick_zoo_complete(target):
+        shared = tmp_path_factory.getbasetemp().parent / SHARED_ZOO
+        _train_shared_quick_zoo(shared)
+        _copy_models(shared, target)
+    train_zoo("quick", progress=False)  # trains what is missing (all of it on a single process)
     return target
 
 
+def _copy_models(source: Path, target: Path) -> None:
+    """Copy each model folder of `source` that `target` lacks (lock files are not copied)."""
+    for model_dir in source.iterdir():
+        if model_dir.is_dir() and not (target / model_dir.name).exists():
+            shutil.copytree(model_dir, target / model_dir.name)
+
+
+def _quick_zoo_complete(folder: Path) -> bool:
+    from core.model.refs import read_manifest
+    from core.zoo.presets import preset_entries
+
+    manifests = [read_manifest(folder / name, missing_ok=True) for name, _, _ in preset_entries("quick")]
+    return all(m and m.get("complete") for m in manifests)
+
+
+def _train_shared_quick_zoo(shared: Path) -> None:
+    """Train the quick zoo into `shared`, split between the xdist workers: each model is trained by
+    the first worker to take its lock, at that worker's thread count. A worker that needs the zoo
+    trains every model nobody has taken, then waits for the others (and resumes any that a failed
+    worker left unfinished)."""
+    from core.model.refs import read_manifest
+    from core.zoo.presets import preset_entries
+    from core.zoo.train import train_model
+
+    shared.mkdir(parents=True, exist_ok=True)
+
+    def train_if_missing(name, model_cfg, train_cfg) -> None:
+        manifest = read_manifest(shared / name, missing_ok=True)
+        if not (manifest and manifest.get("complete")):
+            train_model(name, model_cfg, train_cfg, shared / name, progress=False)
+
+    entries = preset_entries("quick")
+    for entry in entries:  # first pass: the models no other worker has taken
+        lock = FileLock(shared / f"{entry[0]}.lock")
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            continue
+        try:
+            train_if_missing(*entry)
+        finally:
+            lock.release()
+    for entry in entries:  # second pass: wait for the rest
+        with FileLock(shared / f"{entry[0]}.lock"):
+            train_if_missing(*entry)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_ray_module_at_a_time(request, tmp_path_factory):
+    """A module marked `ray` starts Ray instances; under xdist it holds a lock shared by the workers
+    for its whole run, since a second `ray.init()` on the machine would join the first one's cluster."""
+    if XDIST_WORKERS < 2 or request.node.get_closest_marker("ray") is None:
+        yield
+        return
+    with FileLock(tmp_path_factory.getbasetemp().parent / "ray.lock"):
+        yield
+
+
 def pytest_sessionfinish(session, exitstatus):
-    shutil.rmtree(_SESSION_HOME, ignore_errors=True)
+    shutil.rmtree(_SESSION_HOME, ignore_errors=True)  # the shared zoo lies in pytest's temp folders (it keeps the last 3 runs')
 
 
 @pytest.fixture(scope="module")

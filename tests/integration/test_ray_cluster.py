@@ -5,6 +5,7 @@ tensor), and `ablate` on Ray workers (the same numbers as the study in this proc
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import ray
 import torch
 
@@ -17,6 +18,8 @@ from core.pipelines.recipe import ablate
 from core.tasks.induction import InductionProbeSpec
 from core.workspace import zoo_dir
 from tests.tiny_models import make_fake_zoo
+
+pytestmark = pytest.mark.ray  # starts Ray: one such module at a time under xdist (tests/conftest.py)
 
 
 def test_bench_sweep_serial_local_and_two_nodes_agree(tmp_path, monkeypatch):

@@ -21,6 +21,8 @@ from core.tasks.induction import InductionProbeSpec
 from core.workspace import zoo_dir
 from tests.tiny_models import make_fake_zoo
 
+pytestmark = pytest.mark.ray  # starts Ray: one such module at a time under xdist (tests/conftest.py)
+
 SPEC = InductionProbeSpec(n_examples=6, seq_len=24, token_low=0, token_high=250, seed=3)
 MODELS = {"tiny-neox": "gpt_neox", "tiny-llama": "llama"}
 

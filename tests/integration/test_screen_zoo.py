@@ -254,12 +254,13 @@ def test_agrees_with_transformer_lens_head_detector_over_repeated_tokens(
 
 def test_screen_cli_writes_json_and_second_probe_is_cached(quick_zoo, tmp_path):
     out = tmp_path / "screen.json"
-    done = subprocess.run([sys.executable, "-m", "core", "screen", MODEL, "--task", "induction", "--json", str(out)],
+    small = ["--n", "64"]  # every checkpoint is probed: a quarter of the default probe keeps the test short
+    done = subprocess.run([sys.executable, "-m", "core", "screen", MODEL, "--task", "induction", *small, "--json", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     data = json.loads(out.read_text())
     assert data["candidate_circuit"] and len(data["spectral"]["pr"]) == len(data["checkpoints"])
-    probe = subprocess.run([sys.executable, "-m", "core", "probe", MODEL, "--all-checkpoints"],
+    probe = subprocess.run([sys.executable, "-m", "core", "probe", MODEL, "--all-checkpoints", *small],
                            capture_output=True, text=True, timeout=600)
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.count("cached") == len(data["checkpoints"])

@@ -19,6 +19,8 @@ from core.model.refs import read_manifest
 from core.zoo.config import ModelConfig, TrainConfig
 from core.zoo.presets import ZOO_PRESETS, train_zoo
 
+pytestmark = pytest.mark.ray  # starts Ray: one such module at a time under xdist (tests/conftest.py)
+
 PRESET = "tiny-executor"
 TINY = ModelConfig(family="gpt_neox", n_layers=2, n_heads=4, d_model=32, d_ff=64, max_seq_len=32)
 TINY_TRAIN = TrainConfig(task="induction", steps=20, batch_size=4, seq_len=32, repeat_warmup_steps=8, eval_every=10,
