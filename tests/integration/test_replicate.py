@@ -74,7 +74,7 @@ def test_quick_preset_cannot_test_seed_level_claims():
     assert quick == {"spc-seed-specific", "spc-data-shift", "hhg-rho-sort", "hhg-rho-spread", "hhg-l3h3-hero",
                      "hhg-l1-bloats"}
     assert all(c.testable_on("paper") for c in CLAIMS.values())
-    assert preset_models("paper", "induction") == [f"induction-neox-s{s}" for s in range(6)]
+    assert preset_models("paper", "induction") == [f"induction-neox-s{s}" for s in range(6)] + ["induction-neox-long"]
     assert rc._shift_pairs("paper") == [("induction-neox-s0", "induction-neox-shifted")]
     assert preset_models("quick", "moe") == ["induction-olmoe"]
 
