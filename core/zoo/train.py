@@ -171,10 +171,10 @@ def _same_config(stored: dict | None, model_cfg: ModelConfig, train_cfg: TrainCo
     return ModelConfig.from_json(stored["model"]) == model_cfg and TrainConfig.from_json(stored["train"]) == train_cfg
 
 
-def batch_at(train_cfg: TrainConfig, step: int, warmup_end: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def batch_at(train_cfg: TrainConfig, step: int, rewarming: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Training batch for `step`: tokens [batch, seq] and a loss mask [batch, seq] (None: every position).
 
-    warmup_end: the step the induction repeat warm-up ends (warmup_end_at); None: the config's fixed end."""
+    rewarming: an induction seed's re-warm-up is on at `step` (rewarming(), TrainConfig.rewarm_at)."""
     if train_cfg.task in SEQUENCE_TASKS:
         return sequences.sequence_training_batch(train_cfg.task, step, train_cfg.batch_size, train_cfg.seed,
                                                     train_cfg.hhg_format)
@@ -188,7 +188,7 @@ def batch_at(train_cfg: TrainConfig, step: int, warmup_end: int | None = None) -
     chunk_max = mixture.CHUNK_MAX  # 8-32 byte repeats until the warm-up ends: induction forms fastest on them
     if step < train_cfg.text_first_steps:
         fraction, kind = 0.0, "text"
-    elif step < (train_cfg.text_first_steps + train_cfg.repeat_warmup_steps if warmup_end is None else warmup_end):
+    elif step < train_cfg.text_first_steps + train_cfg.repeat_warmup_steps or rewarming:
         fraction = train_cfg.warmup_repeat_fraction
         kind = "repeat" if fraction >= 1.0 else train_cfg.data_kind
     else:
@@ -198,29 +198,25 @@ def batch_at(train_cfg: TrainConfig, step: int, warmup_end: int | None = None) -
     return tokens, None
 
 
-def warmup_end_at(train_cfg: TrainConfig, meta: dict, step: int) -> int:
-    """The step the induction repeat warm-up (and the head lasso's hold-back) ends, as known at `step`:
-    the config's fixed end, or with warmup_extend_to the step it was seen to end (meta["warmup_end"]),
-    or step + 1 while it is still running."""
-    fixed = train_cfg.text_first_steps + train_cfg.repeat_warmup_steps
-    if not train_cfg.warmup_extend_to:
-        return fixed
-    return step + 1 if meta.get("warmup_end") is None else meta["warmup_end"]
-
-
-def _end_warmup_if_due(train_cfg: TrainConfig, meta: dict) -> None:
-    """With warmup_extend_to: end the warm-up at meta["step"] (the step about to run) once the fixed
-    warm-up is over and the latest evaluation's repeated-half loss is below warmup_loss_below
-    (induction has begun to form), or at warmup_extend_to at the latest. A seed already below the bar
-    when the fixed warm-up ends (evaluated there) trains exactly as with the fixed warm-up."""
-    if not train_cfg.warmup_extend_to or meta.get("warmup_end") is not None:
+def _update_rewarm(train_cfg: TrainConfig, meta: dict) -> None:
+    """rewarm_at, at the top of step meta["step"]: start the re-warm-up there if the latest evaluation's
+    repeated-half loss is still at or above rewarm_loss (induction has not formed); end it once the
+    loss is below, or at rewarm_until. Seeds that formed induction by rewarm_at train as without it."""
+    if not train_cfg.rewarm_at:
         return
     step = meta["step"]
-    if step < train_cfg.text_first_steps + train_cfg.repeat_warmup_steps:
-        return
     losses = meta["curves"]["eval"].get("induction_loss") or []
-    if step >= train_cfg.warmup_extend_to or (losses and losses[-1] < train_cfg.warmup_loss_below):
-        meta["warmup_end"] = step
+    formed = bool(losses) and losses[-1] < train_cfg.rewarm_loss
+    if step == train_cfg.rewarm_at and not formed:
+        meta["rewarm_start"] = step
+    elif meta.get("rewarm_start") is not None and meta.get("rewarm_end") is None and (formed or step >= train_cfg.rewarm_until):
+        meta["rewarm_end"] = step
+
+
+def rewarming(meta: dict, step: int) -> bool:
+    """Whether `step` lies in the run's re-warm-up (meta["rewarm_start"], up to meta["rewarm_end"])."""
+    start, end = meta.get("rewarm_start"), meta.get("rewarm_end")
+    return start is not None and start <= step and (end is None or step < end)
 
 
 def softmax_vocab_at(train_cfg: TrainConfig, step: int) -> int | None:
@@ -414,7 +410,7 @@ def train_model(
             "threads": torch.get_num_threads(), "config": config_json, "step": 0, "tokens": 0, "ema": None, "ema_at_checkpoint": None,
             "last_checkpoint_step": None, "checkpoints": [], "train_seconds": 0.0,
             "curves": {"step": [], "loss": [], "eval": {"step": []}}, "window": [], "stopped_early": False,
-            "induction_step": None, "induction_seconds": None, "warmup_end": None,
+            "induction_step": None, "induction_seconds": None, "rewarm_start": None, "rewarm_end": None,
         }
     total = int(train_cfg.steps)
     if train_cfg.checkpoint_schedule == "pythia":
@@ -462,9 +458,10 @@ def train_model(
                 meta["train_seconds"] = seconds_before + time.perf_counter() - started
                 _save_state(model, optimizer, out_dir, meta)
                 return manifest(False)
-            _end_warmup_if_due(train_cfg, meta)
-            warmup_end = warmup_end_at(train_cfg, meta, step)
-            tokens, mask = batch_at(train_cfg, step, warmup_end)
+            _update_rewarm(train_cfg, meta)
+            rewarm = rewarming(meta, step)
+            warming = step < train_cfg.text_first_steps + train_cfg.repeat_warmup_steps or rewarm  # no head lasso yet
+            tokens, mask = batch_at(train_cfg, step, rewarm)
             for group in optimizer.param_groups:
                 group["lr"] = _lr_at(step, train_cfg)
             loss = training_loss(model, model_cfg, tokens, mask, softmax_vocab_at(train_cfg, step))
@@ -479,7 +476,7 @@ def train_model(
                 _save_state(model, optimizer, out_dir, meta)
             a = train_cfg.loss_smoothing
             meta["ema"] = value if meta["ema"] is None else (1 - a) * meta["ema"] + a * value
-            if train_cfg.head_l1 and step >= warmup_end:
+            if train_cfg.head_l1 and not warming:
                 loss = loss + train_cfg.head_l1 * head_group_norms(model, model_cfg).sum()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -509,7 +506,7 @@ def train_model(
     if not any(c["step"] == step for c in meta["checkpoints"]):
         final_loss = None
         if train_cfg.task != "none":
-            tokens, mask = batch_at(train_cfg, step, warmup_end_at(train_cfg, meta, step))
+            tokens, mask = batch_at(train_cfg, step, rewarming(meta, step))
             with torch.no_grad():
                 final_loss = float(training_loss(model, model_cfg, tokens, mask, train_cfg.softmax_vocab))
         checkpoint(step, final_loss)
