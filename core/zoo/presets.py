@@ -114,13 +114,15 @@ _LLAMA_GQA_TRAIN = replace(_INDUCTION_TRAIN, steps=1400, lr=2e-3, repeat_warmup_
 # induction. Under the quick recipe seeds 3 and 4 never formed it (5.54 nats at step 2,000; at the
 # warm-up's end, step 500, they were at 5.43 and 5.42, seed 1 at 5.31, chance 5.55, and the other four
 # seeds formed induction by about step 600 in the mixture). A seed whose repeated-half loss is still
-# above 4 nats at step 800 goes back to pure repeats with the head lasso held back until it falls
-# below, at most to step 1,500; the seeds that formed by step 800 train exactly as before. Tried on
+# above 4 nats at step 600 goes back to pure repeats with the head lasso held back until it falls
+# below, at most to step 1,500; the seeds that formed by step 600 train exactly as before. (From step
+# 800 it came too late: the mixture had pushed seeds 3 and 4 back to 5.55 nats, and 500 steps of pure
+# repeats brought them only to 5.47 and 5.40.) Tried on
 # 2026-12-01 and not kept: holding back only the lasso (seed 3 ended at 5.26 nats: the lasso is not the
 # cause), and a longer warm-up for every seed (1,500 steps, or until the loss is below 5 nats): all
 # formed induction, but seed 1's screen then put 7-8 of its 12 layer-1 heads in the circuit, leaving
 # no disjoint matched-random control.
-_PAPER_INDUCTION_TRAIN = replace(_INDUCTION_TRAIN, rewarm_at=800, rewarm_loss=4.0, rewarm_until=1500)
+_PAPER_INDUCTION_TRAIN = replace(_INDUCTION_TRAIN, rewarm_at=600, rewarm_loss=4.0, rewarm_until=1500)
 
 
 # [SPC]'s "identifiable from 0.3-2% of the tokens" needs induction to form in the first few percent of
