@@ -80,12 +80,6 @@ class TrainConfig(JsonResult):
     grad_clip: float = 1.0
     text_first_steps: int = 0  # induction only: pure text steps before the repeat warm-up
     repeat_warmup_steps: int = 500  # induction only: repeat-rich warm-up first, then the mixture
-    # induction only: a seed whose repeated-half loss (latest evaluation) is still at or above
-    # rewarm_loss at step rewarm_at goes back to the warm-up (pure repeats, head lasso held back)
-    # until it falls below, at most until step rewarm_until; rewarm_at 0 = never
-    rewarm_at: int = 0
-    rewarm_loss: float = 4.0
-    rewarm_until: int = 0
     warmup_repeat_fraction: float = 1.0  # share of repeat sequences during the warm-up (1 = pure repeat)
     repeat_fraction: float = 0.5  # share of repeat sequences in the mixture after the warm-up
     mixture_chunk_max: int = 32  # longest repeated chunk after the warm-up (the warm-up keeps 8-32)
@@ -119,11 +113,6 @@ class TrainConfig(JsonResult):
         if self.checkpoint_schedule not in CHECKPOINT_SCHEDULES:
             raise HeadLabError(f"checkpoint_schedule {self.checkpoint_schedule!r} is unknown; use one of "
                                f"{', '.join(CHECKPOINT_SCHEDULES)}.")
-        if self.rewarm_at and (self.task not in INDUCTION_TASKS or self.rewarm_until <= self.rewarm_at
-                               or self.rewarm_at < self.text_first_steps + self.repeat_warmup_steps):
-            raise HeadLabError(f"rewarm_at {self.rewarm_at} / rewarm_until {self.rewarm_until}: a re-warm-up is for induction "
-                               "models, starts after the repeat warm-up and ends later; give rewarm_at 0 or "
-                               "repeat_warmup_steps <= rewarm_at < rewarm_until.")
         if self.hhg_format != "headlab" and self.task not in SEQUENCE_TASKS:
             raise HeadLabError(f"--hhg-format {self.hhg_format} applies to the reverse and sort tasks only, not {self.task!r}.")
 

@@ -199,9 +199,6 @@ def final_figures(model, model_cfg: ModelConfig, train_cfg: TrainConfig, meta: d
         out.update(evaluate(model, train_cfg, train_cfg.final_examples, full=True))
         out["induction_step"] = meta["induction_step"]
         out["induction_seconds"] = meta["induction_seconds"]
-        if train_cfg.rewarm_at:  # [start, end) of this seed's re-warm-up, None if it formed induction in time
-            start = meta.get("rewarm_start")
-            out["rewarm"] = None if start is None else [start, meta.get("rewarm_end")]
     elif train_cfg.task == "duplicate":
         out.update(evaluate_duplicate(model, train_cfg, train_cfg.final_examples))
     elif train_cfg.task == "none":

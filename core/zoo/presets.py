@@ -110,20 +110,18 @@ _LLAMA_GQA = ModelConfig(
 _LLAMA_GQA_TRAIN = replace(_INDUCTION_TRAIN, steps=1400, lr=2e-3, repeat_warmup_steps=1000, head_l1=0.0)
 
 
-# The paper's induction seeds: the quick recipe, and a re-warm-up for the seeds it leaves without
-# induction. Under the quick recipe seeds 3 and 4 never formed it (5.54 nats at step 2,000; at the
-# warm-up's end, step 500, they were at 5.43 and 5.42, seed 1 at 5.31, chance 5.55, and the other four
-# seeds formed induction by about step 600 in the mixture). A seed whose repeated-half loss is still
-# above 4 nats at step 600 goes back to pure repeats with the head lasso held back until it falls
-# below, at most to step 1,500; the seeds that formed by step 600 train exactly as before. (From step
-# 800 it came too late: the mixture had pushed seeds 3 and 4 back to 5.55 nats, and 500 steps of pure
-# repeats brought them only to 5.47 and 5.40.) Tried on
-# 2026-12-01 and not kept: holding back only the lasso (seed 3 ended at 5.26 nats: the lasso is not the
-# cause), and a longer warm-up for every seed (1,500 steps, or until the loss is below 5 nats): all
-# formed induction, but seed 1's screen then put 7-8 of its 12 layer-1 heads in the circuit, leaving
-# no disjoint matched-random control.
-_PAPER_INDUCTION_TRAIN = replace(_INDUCTION_TRAIN, rewarm_at=600, rewarm_loss=4.0, rewarm_until=1500)
-
+# The paper's induction seeds keep the quick recipe, although seeds 3 and 4 never form induction
+# under it (repeated-half loss 5.54 nats at step 2,000; the replications leave them out and say so).
+# Tried on 2026-12-01: the lasso is not the cause (seed 3 with the lasso held back until formation,
+# which never came, ended at 5.26 nats). With 1,500 pure-repeat warm-up steps and the lasso from
+# formation, every seed formed induction (steps 800-1,100, 0.23-0.44 nats), but the screen then put 8
+# of seed 1's 12 layer-1 heads in its circuit, leaving no disjoint matched-random control.
+# Tried on 2026-12-02 and not kept: a re-warm-up (pure repeats, lasso held back) for a seed still above
+# 4 nats at step 600, up to step 1,500; at step 500 seed 1 was at 5.31 nats (it forms by step 600),
+# seeds 3 and 4 at 5.43 and 5.42, and 100 steps of the mixture put them back to 5.55. Seed 3 ended
+# the re-warm-up at 5.32 and the run at 5.48; seed 4 formed induction at steps 1,500-1,800 (1.84 nats)
+# and lost it again in the mixture (2.77 at step 2,000). From step 800 instead, seeds 3 and 4 were
+# still at 5.47 and 5.40 nats 500 steps into the re-warm-up.
 
 # [SPC]'s "identifiable from 0.3-2% of the tokens" needs induction to form in the first few percent of
 # training, as in Pythia (steps 1-2k of 143k). The 2,000-step seeds form it at about a quarter of their
@@ -132,7 +130,7 @@ _LONG_INDUCTION_TRAIN = replace(_INDUCTION_TRAIN, seed=0, steps=25_000)
 
 
 def _paper_preset() -> list[tuple[str, ModelConfig, TrainConfig]]:
-    out = [(f"induction-neox-s{s}", _NEOX_INDUCTION, replace(_PAPER_INDUCTION_TRAIN, seed=s)) for s in range(6)]
+    out = [(f"induction-neox-s{s}", _NEOX_INDUCTION, replace(_INDUCTION_TRAIN, seed=s)) for s in range(6)]
     out += [(f"reverse-hhg-s{s}", _HHG, replace(_HHG_TRAIN, seed=s)) for s in range(10)]
     out += [(f"sort-hhg-s{s}", _HHG, replace(_HHG_TRAIN, task="sort", seed=s)) for s in range(10)]
     out += [("induction-olmoe", _OLMOE, _OLMOE_TRAIN)]  # the quick preset's MoE model: one folder serves both

@@ -171,10 +171,8 @@ def _same_config(stored: dict | None, model_cfg: ModelConfig, train_cfg: TrainCo
     return ModelConfig.from_json(stored["model"]) == model_cfg and TrainConfig.from_json(stored["train"]) == train_cfg
 
 
-def batch_at(train_cfg: TrainConfig, step: int, rewarming: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Training batch for `step`: tokens [batch, seq] and a loss mask [batch, seq] (None: every position).
-
-    rewarming: an induction seed's re-warm-up is on at `step` (rewarming(), TrainConfig.rewarm_at)."""
+def batch_at(train_cfg: TrainConfig, step: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Training batch for `step`: tokens [batch, seq] and a loss mask [batch, seq] (None: every position)."""
     if train_cfg.task in SEQUENCE_TASKS:
         return sequences.sequence_training_batch(train_cfg.task, step, train_cfg.batch_size, train_cfg.seed,
                                                     train_cfg.hhg_format)
@@ -188,7 +186,7 @@ def batch_at(train_cfg: TrainConfig, step: int, rewarming: bool = False) -> tupl
     chunk_max = mixture.CHUNK_MAX  # 8-32 byte repeats until the warm-up ends: induction forms fastest on them
     if step < train_cfg.text_first_steps:
         fraction, kind = 0.0, "text"
-    elif step < train_cfg.text_first_steps + train_cfg.repeat_warmup_steps or rewarming:
+    elif step < train_cfg.text_first_steps + train_cfg.repeat_warmup_steps:
         fraction = train_cfg.warmup_repeat_fraction
         kind = "repeat" if fraction >= 1.0 else train_cfg.data_kind
     else:
@@ -196,27 +194,6 @@ def batch_at(train_cfg: TrainConfig, step: int, rewarming: bool = False) -> tupl
     tokens = mixture.training_batch(kind, step, train_cfg.batch_size, train_cfg.seq_len, train_cfg.seed,
                                     repeat_fraction=fraction, chunk_max=chunk_max)
     return tokens, None
-
-
-def _update_rewarm(train_cfg: TrainConfig, meta: dict) -> None:
-    """rewarm_at, at the top of step meta["step"]: start the re-warm-up there if the latest evaluation's
-    repeated-half loss is still at or above rewarm_loss (induction has not formed); end it once the
-    loss is below, or at rewarm_until. Seeds that formed induction by rewarm_at train as without it."""
-    if not train_cfg.rewarm_at:
-        return
-    step = meta["step"]
-    losses = meta["curves"]["eval"].get("induction_loss") or []
-    formed = bool(losses) and losses[-1] < train_cfg.rewarm_loss
-    if step == train_cfg.rewarm_at and not formed:
-        meta["rewarm_start"] = step
-    elif meta.get("rewarm_start") is not None and meta.get("rewarm_end") is None and (formed or step >= train_cfg.rewarm_until):
-        meta["rewarm_end"] = step
-
-
-def rewarming(meta: dict, step: int) -> bool:
-    """Whether `step` lies in the run's re-warm-up (meta["rewarm_start"], up to meta["rewarm_end"])."""
-    start, end = meta.get("rewarm_start"), meta.get("rewarm_end")
-    return start is not None and start <= step and (end is None or step < end)
 
 
 def softmax_vocab_at(train_cfg: TrainConfig, step: int) -> int | None:
@@ -410,7 +387,7 @@ def train_model(
             "threads": torch.get_num_threads(), "config": config_json, "step": 0, "tokens": 0, "ema": None, "ema_at_checkpoint": None,
             "last_checkpoint_step": None, "checkpoints": [], "train_seconds": 0.0,
             "curves": {"step": [], "loss": [], "eval": {"step": []}}, "window": [], "stopped_early": False,
-            "induction_step": None, "induction_seconds": None, "rewarm_start": None, "rewarm_end": None,
+            "induction_step": None, "induction_seconds": None,
         }
     total = int(train_cfg.steps)
     if train_cfg.checkpoint_schedule == "pythia":
@@ -458,10 +435,7 @@ def train_model(
                 meta["train_seconds"] = seconds_before + time.perf_counter() - started
                 _save_state(model, optimizer, out_dir, meta)
                 return manifest(False)
-            _update_rewarm(train_cfg, meta)
-            rewarm = rewarming(meta, step)
-            warming = step < train_cfg.text_first_steps + train_cfg.repeat_warmup_steps or rewarm  # no head lasso yet
-            tokens, mask = batch_at(train_cfg, step, rewarm)
+            tokens, mask = batch_at(train_cfg, step)
             for group in optimizer.param_groups:
                 group["lr"] = _lr_at(step, train_cfg)
             loss = training_loss(model, model_cfg, tokens, mask, softmax_vocab_at(train_cfg, step))
@@ -476,7 +450,7 @@ def train_model(
                 _save_state(model, optimizer, out_dir, meta)
             a = train_cfg.loss_smoothing
             meta["ema"] = value if meta["ema"] is None else (1 - a) * meta["ema"] + a * value
-            if train_cfg.head_l1 and not warming:
+            if train_cfg.head_l1 and step >= train_cfg.text_first_steps + train_cfg.repeat_warmup_steps:
                 loss = loss + train_cfg.head_l1 * head_group_norms(model, model_cfg).sum()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -506,7 +480,7 @@ def train_model(
     if not any(c["step"] == step for c in meta["checkpoints"]):
         final_loss = None
         if train_cfg.task != "none":
-            tokens, mask = batch_at(train_cfg, step, rewarming(meta, step))
+            tokens, mask = batch_at(train_cfg, step)
             with torch.no_grad():
                 final_loss = float(training_loss(model, model_cfg, tokens, mask, train_cfg.softmax_vocab))
         checkpoint(step, final_loss)
