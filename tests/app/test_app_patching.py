@@ -72,4 +72,5 @@ def test_the_lab_ablates_on_an_uploaded_probe_files_prompts(quick_zoo):
     expected = ablate(ModelRef(MODEL, "zoo"), None, HeadSet([(1, 1), (1, 3)]), probe_file, AblationSettings())
     shown = at.dataframe[0].value.set_index("metric")
     for metric in ("loss", "target_logit"):
-        assert shown.loc[metric, "candidate Δ"] == pytest.approx(expected.stats[metric]["candidate_delta"], abs=1e-9)
+        # the lab picks its thread count at the click: float32 sums in another order differ in the 7th digit
+        assert shown.loc[metric, "candidate Δ"] == pytest.approx(expected.stats[metric]["candidate_delta"], abs=1e-6)

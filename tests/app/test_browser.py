@@ -149,7 +149,7 @@ def test_every_page_in_the_browser(server, page, path, title, name):
     page.goto(f"{server}/{path}?{QUERY}")
     wait_until_idle(page, title)
     assert_no_exception(page)
-    page.locator(".js-plotly-plot").first.wait_for()  # drawn (a busy machine may draw after the script is idle)
+    page.locator(".js-plotly-plot").first.wait_for(state="attached")  # a busy machine may draw after the script is idle
     shot = screenshot(page, f"{name}")
     assert shot.stat().st_size > 10_000
 
