@@ -122,7 +122,7 @@ def one_ray_module_at_a_time(request, tmp_path_factory):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    shutil.rmtree(_SESSION_HOME, ignore_errors=True)  # the shared zoo lies in pytest's temp folders (it keeps the last 3 runs')
+    shutil.rmtree(_SESSION_HOME, ignore_errors=True)  # the workers' shared zoo: in pytest's temp folder, pruned to the last 3 runs
 
 
 @pytest.fixture(scope="module")
