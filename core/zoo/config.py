@@ -80,6 +80,11 @@ class TrainConfig(JsonResult):
     grad_clip: float = 1.0
     text_first_steps: int = 0  # induction only: pure text steps before the repeat warm-up
     repeat_warmup_steps: int = 500  # induction only: repeat-rich warm-up first, then the mixture
+    # induction only: a seed whose repeated-half loss (latest evaluation) is not yet below
+    # warmup_loss_below when the warm-up ends keeps the warm-up's data (pure repeats) until it is, at
+    # most until step warmup_extend_to; the head lasso still starts at the fixed end. 0 = never extend
+    warmup_extend_to: int = 0
+    warmup_loss_below: float = 4.0
     warmup_repeat_fraction: float = 1.0  # share of repeat sequences during the warm-up (1 = pure repeat)
     repeat_fraction: float = 0.5  # share of repeat sequences in the mixture after the warm-up
     mixture_chunk_max: int = 32  # longest repeated chunk after the warm-up (the warm-up keeps 8-32)
@@ -113,6 +118,10 @@ class TrainConfig(JsonResult):
         if self.checkpoint_schedule not in CHECKPOINT_SCHEDULES:
             raise HeadLabError(f"checkpoint_schedule {self.checkpoint_schedule!r} is unknown; use one of "
                                f"{', '.join(CHECKPOINT_SCHEDULES)}.")
+        if self.warmup_extend_to and (self.task not in INDUCTION_TASKS
+                                      or self.warmup_extend_to <= self.text_first_steps + self.repeat_warmup_steps):
+            raise HeadLabError(f"warmup_extend_to ({self.warmup_extend_to}) extends an induction model's repeat warm-up: "
+                               "give 0, or a step after text_first_steps + repeat_warmup_steps.")
         if self.hhg_format != "headlab" and self.task not in SEQUENCE_TASKS:
             raise HeadLabError(f"--hhg-format {self.hhg_format} applies to the reverse and sort tasks only, not {self.task!r}.")
 

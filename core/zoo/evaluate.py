@@ -199,6 +199,8 @@ def final_figures(model, model_cfg: ModelConfig, train_cfg: TrainConfig, meta: d
         out.update(evaluate(model, train_cfg, train_cfg.final_examples, full=True))
         out["induction_step"] = meta["induction_step"]
         out["induction_seconds"] = meta["induction_seconds"]
+        if train_cfg.warmup_extend_to:  # where this seed's repeat warm-up data ended (core/zoo/train.py, warmup_end_at)
+            out["warmup_end"] = meta.get("warmup_end")
     elif train_cfg.task == "duplicate":
         out.update(evaluate_duplicate(model, train_cfg, train_cfg.final_examples))
     elif train_cfg.task == "none":

@@ -171,8 +171,10 @@ def _same_config(stored: dict | None, model_cfg: ModelConfig, train_cfg: TrainCo
     return ModelConfig.from_json(stored["model"]) == model_cfg and TrainConfig.from_json(stored["train"]) == train_cfg
 
 
-def batch_at(train_cfg: TrainConfig, step: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Training batch for `step`: tokens [batch, seq] and a loss mask [batch, seq] (None: every position)."""
+def batch_at(train_cfg: TrainConfig, step: int, warmup_end: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Training batch for `step`: tokens [batch, seq] and a loss mask [batch, seq] (None: every position).
+
+    warmup_end: the step the induction repeat warm-up's data ends (warmup_end_at); None: the config's fixed end."""
     if train_cfg.task in SEQUENCE_TASKS:
         return sequences.sequence_training_batch(train_cfg.task, step, train_cfg.batch_size, train_cfg.seed,
                                                     train_cfg.hhg_format)
@@ -186,7 +188,7 @@ def batch_at(train_cfg: TrainConfig, step: int) -> tuple[torch.Tensor, torch.Ten
     chunk_max = mixture.CHUNK_MAX  # 8-32 byte repeats until the warm-up ends: induction forms fastest on them
     if step < train_cfg.text_first_steps:
         fraction, kind = 0.0, "text"
-    elif step < train_cfg.text_first_steps + train_cfg.repeat_warmup_steps:
+    elif step < (train_cfg.text_first_steps + train_cfg.repeat_warmup_steps if warmup_end is None else warmup_end):
         fraction = train_cfg.warmup_repeat_fraction
         kind = "repeat" if fraction >= 1.0 else train_cfg.data_kind
     else:
@@ -194,6 +196,31 @@ def batch_at(train_cfg: TrainConfig, step: int) -> tuple[torch.Tensor, torch.Ten
     tokens = mixture.training_batch(kind, step, train_cfg.batch_size, train_cfg.seq_len, train_cfg.seed,
                                     repeat_fraction=fraction, chunk_max=chunk_max)
     return tokens, None
+
+
+def warmup_end_at(train_cfg: TrainConfig, meta: dict, step: int) -> int:
+    """The step the induction warm-up's data (pure repeats) ends, as known at `step`: the config's fixed
+    end, or with warmup_extend_to the step it was seen to end (meta["warmup_end"]), or step + 1 while
+    it is still running. The head lasso does not follow it: it starts at the fixed end."""
+    fixed = train_cfg.text_first_steps + train_cfg.repeat_warmup_steps
+    if not train_cfg.warmup_extend_to:
+        return fixed
+    return step + 1 if meta.get("warmup_end") is None else meta["warmup_end"]
+
+
+def _end_warmup_if_due(train_cfg: TrainConfig, meta: dict) -> None:
+    """With warmup_extend_to, at the top of step meta["step"]: end the warm-up's data there once the
+    fixed warm-up is over and the latest evaluation's repeated-half loss is below warmup_loss_below
+    (induction has formed), or at warmup_extend_to at the latest. A seed already below the bar when
+    the fixed warm-up ends (evaluated at that step) trains exactly as with the fixed warm-up."""
+    if not train_cfg.warmup_extend_to or meta.get("warmup_end") is not None:
+        return
+    step = meta["step"]
+    if step < train_cfg.text_first_steps + train_cfg.repeat_warmup_steps:
+        return
+    losses = meta["curves"]["eval"].get("induction_loss") or []
+    if step >= train_cfg.warmup_extend_to or (losses and losses[-1] < train_cfg.warmup_loss_below):
+        meta["warmup_end"] = step
 
 
 def softmax_vocab_at(train_cfg: TrainConfig, step: int) -> int | None:
@@ -387,7 +414,7 @@ def train_model(
             "threads": torch.get_num_threads(), "config": config_json, "step": 0, "tokens": 0, "ema": None, "ema_at_checkpoint": None,
             "last_checkpoint_step": None, "checkpoints": [], "train_seconds": 0.0,
             "curves": {"step": [], "loss": [], "eval": {"step": []}}, "window": [], "stopped_early": False,
-            "induction_step": None, "induction_seconds": None,
+            "induction_step": None, "induction_seconds": None, "warmup_end": None,
         }
     total = int(train_cfg.steps)
     if train_cfg.checkpoint_schedule == "pythia":
@@ -435,7 +462,8 @@ def train_model(
                 meta["train_seconds"] = seconds_before + time.perf_counter() - started
                 _save_state(model, optimizer, out_dir, meta)
                 return manifest(False)
-            tokens, mask = batch_at(train_cfg, step)
+            _end_warmup_if_due(train_cfg, meta)
+            tokens, mask = batch_at(train_cfg, step, warmup_end_at(train_cfg, meta, step))
             for group in optimizer.param_groups:
                 group["lr"] = _lr_at(step, train_cfg)
             loss = training_loss(model, model_cfg, tokens, mask, softmax_vocab_at(train_cfg, step))
@@ -480,7 +508,7 @@ def train_model(
     if not any(c["step"] == step for c in meta["checkpoints"]):
         final_loss = None
         if train_cfg.task != "none":
-            tokens, mask = batch_at(train_cfg, step)
+            tokens, mask = batch_at(train_cfg, step, warmup_end_at(train_cfg, meta, step))
             with torch.no_grad():
                 final_loss = float(training_loss(model, model_cfg, tokens, mask, train_cfg.softmax_vocab))
         checkpoint(step, final_loss)

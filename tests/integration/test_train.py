@@ -342,6 +342,45 @@ def test_resume_after_interruption_is_bit_identical(tmp_path):
         train_model("full", TINY, replace(cfg, mixture_chunk_max=24), tmp_path / "full")
 
 
+def test_an_extended_warm_up_keeps_repeats_until_the_repeated_half_loss_falls(tmp_path):
+    """warmup_extend_to: a seed below the bar when the fixed warm-up ends trains exactly as with the
+    fixed warm-up; one that never gets there keeps pure repeats to the cap while the head lasso
+    starts at the fixed end; an interrupted extended run resumes to the same weights."""
+    base = replace(TINY_TRAIN, steps=30, repeat_warmup_steps=10, head_l1=0.01)
+    fixed = train_model("fixed", TINY, base, tmp_path / "fixed")
+    met = train_model("met", TINY, replace(base, warmup_extend_to=25, warmup_loss_below=100.0), tmp_path / "met")
+    assert met["final"]["warmup_end"] == 10 and "warmup_end" not in fixed["final"]
+    assert met["curves"] == fixed["curves"] and met["checkpoints"] == fixed["checkpoints"]
+    for entry in fixed["checkpoints"]:
+        assert _same(_weights(tmp_path / "fixed" / "checkpoints" / entry["revision"]),
+                     _weights(tmp_path / "met" / "checkpoints" / entry["revision"]))
+
+    def final(name: str, cfg: TrainConfig) -> dict:
+        manifest = train_model(name, TINY, cfg, tmp_path / name)
+        return _weights(_final_dir(tmp_path / name, manifest))
+
+    never = replace(base, warmup_extend_to=25, warmup_loss_below=0.0)
+    capped = train_model("capped", TINY, never, tmp_path / "capped")
+    assert capped["final"]["warmup_end"] == 25
+    capped_weights = _weights(_final_dir(tmp_path / "capped", capped))
+    # the data: without the lasso, the capped run is the fixed 25-step warm-up to the bit
+    assert _same(final("capped-no-lasso", replace(never, head_l1=0.0)),
+                 final("fixed-25-no-lasso", replace(base, repeat_warmup_steps=25, head_l1=0.0)))
+    # the lasso: from step 10 in the capped run, so not the fixed 25-step warm-up's (lasso from 25)
+    assert not _same(capped_weights, final("fixed-25", replace(base, repeat_warmup_steps=25)))
+    assert not _same(capped_weights, _weights(_final_dir(tmp_path / "fixed", fixed)))
+
+    train_model("resumed", TINY, never, tmp_path / "resumed", stop_after_steps=17)  # inside the extension
+    resumed = train_model("resumed", TINY, never, tmp_path / "resumed")
+    assert resumed["final"]["warmup_end"] == 25 and resumed["curves"] == capped["curves"]
+    assert _same(_weights(_final_dir(tmp_path / "resumed", resumed)), capped_weights)
+
+    with pytest.raises(HeadLabError, match="warmup_extend_to"):
+        TrainConfig(task="induction", repeat_warmup_steps=500, warmup_extend_to=500)
+    with pytest.raises(HeadLabError, match="warmup_extend_to"):
+        TrainConfig(task="duplicate", warmup_extend_to=900)
+
+
 @pytest.mark.parametrize("family", ["gpt_neox", "llama", "olmoe"])
 def test_each_family_trains_and_saves_loadable_checkpoints(tmp_path, family):
     from transformers import AutoTokenizer
@@ -445,6 +484,7 @@ def test_presets_have_the_promised_models():
     assert shifted.init_from == "induction-neox-s0" and shifted.task == "shifted"
     assert paper.index("induction-neox-s0") < paper.index("induction-neox-shifted")
     trains = {n: t for n, _, t in ZOO_PRESETS["paper"]}
+    assert {trains[f"induction-neox-s{s}"].warmup_extend_to for s in range(6)} == {1500}  # seeds 3 and 4 need it
     long = trains["induction-neox-long"]  # [SPC] identifiability: induction forms in the first few percent
     assert long == replace(trains["induction-neox-s0"], steps=long.steps) and long.steps >= 10 * trains["induction-neox-s0"].steps
 
