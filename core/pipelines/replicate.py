@@ -31,6 +31,7 @@ from core.pipelines.attribution_results import AttributionResult, AttributionSet
 from core.pipelines.dynamics import FormFunction, cross_seed_matrix, data_shift_jaccard, form_vs_function, training_trajectories
 from core.pipelines.recipe import run_recipe
 from core.pipelines.replicate_claims import (
+    IDENTIFIABLE_FORMATION_MAX,
     NEEDS_PAPER,
     NOT_RUN,
     PRESETS,
@@ -43,7 +44,7 @@ from core.tasks.specs import probe_spec
 from core.workspace import atomic_write_json
 from core.zoo.presets import preset_models
 
-MEASUREMENT_VERSION = "replicate-2"  # bump when what a measurement holds changes: stored ones then miss
+MEASUREMENT_VERSION = "replicate-3"  # bump when what a measurement holds changes: stored ones then miss
 # replicate-2: "mean" ablation became one mean over examples and positions (issue 18)
 
 
@@ -289,9 +290,25 @@ def _run_identifiable(ctx: Context, names: list[str]) -> Measurement:
                     "final_tokens": float(tokens[-1]),
                     "resolution": float(positive[0] / tokens[-1]) if positive.size and tokens[-1] > 0 else None,
                     "superset_fraction": None if superset is None or tokens[-1] <= 0 else float(tokens[superset] / tokens[-1]),
-                    "superset_size": None if superset is None else len(traj.circuits[superset])})
+                    "superset_size": None if superset is None else len(traj.circuits[superset]),
+                    **_formation(name)})
         artifacts[name] = ident.to_json()
+    if not any(x["can_test"] for x in per):
+        return Measurement({"per_model": per, "undefined": (
+            f"no induction seed forms induction within the first {IDENTIFIABLE_FORMATION_MAX:.0%} of its training, "
+            "so none can show a circuit identified from 0.3-2% of it (train induction-neox-long)")}, artifacts, tuple(names))
     return Measurement({"per_model": per}, artifacts, tuple(names))
+
+
+def _formation(name: str) -> dict:
+    """When the model's induction formed (the zoo's own record: the first evaluation with the
+    repeated-half loss below 1 nat), as a fraction of its training steps, and whether that is early
+    enough for the identifiability claim (IDENTIFIABLE_FORMATION_MAX)."""
+    final = read_manifest(name)["final"]
+    step, steps = final.get("induction_step"), final.get("steps")
+    fraction = None if step is None or not steps else step / steps
+    return {"formation_step": step, "formation_fraction": fraction,
+            "can_test": fraction is not None and fraction <= IDENTIFIABLE_FORMATION_MAX}
 
 
 def _run_seed(ctx: Context, names: list[str]) -> Measurement:

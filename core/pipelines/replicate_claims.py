@@ -40,6 +40,10 @@ CIRCUIT_MAX_FRACTION = 0.25  # "small": at most a quarter of the model's heads
 CONTROL_TOP1_TOLERANCE = 0.10  # "controls barely hurt": mean control top-1 loss <= 10% of clean top-1
 DESTROYED_FRACTION = 0.5  # "destroys induction": top-1 after ablation <= half the clean top-1
 RHO_STRONG = 0.5  # "agree" on reversal: mean Spearman rho >= 0.5 (published 0.72)
+# [SPC] identifiability can be tested only on a model whose induction forms (repeated-half loss first below
+# INDUCTION_LOSS_TARGET) within the first few percent of its tokens: a circuit that forms at a quarter of
+# training cannot be returned at 2% of it, by construction (issue 18 item 4)
+IDENTIFIABLE_FORMATION_MAX = 0.05
 HERO_COST = (0.364, 0.228)  # published mean +- sd of a hero's single ablation damage on reversal
 
 
@@ -71,6 +75,18 @@ def unformed_induction_seeds(preset: str) -> dict[str, float]:
 def _uses_induction(preset: str) -> list[str]:
     unformed = unformed_induction_seeds(preset)
     return [name for name in preset_models(preset, "induction") if name not in unformed]
+
+
+def _uses_distinct_seeds(preset: str) -> list[str]:
+    """The formed induction seeds, one model per training seed: induction-neox-long continues seed 0's
+    run (the same initial weights and first 1,500 steps), so a cross-seed claim leaves it out."""
+    seen, out = set(), []
+    trains = {name: train for name, _, train in ZOO_PRESETS[preset]}
+    for name in _uses_induction(preset):
+        if trains[name].seed not in seen:
+            seen.add(trains[name].seed)
+            out.append(name)
+    return out
 
 
 def _uses_shift(preset: str) -> list[str]:
@@ -209,15 +225,22 @@ def _timing_text(m: dict) -> str:
 
 
 def _ident_ok(m: dict) -> bool:
-    per = m["per_model"]
-    return bool(per) and all(x["first_fraction"] is not None and x["first_fraction"] <= IDENTIFIABLE_BAND[1] for x in per)
+    testing = [x for x in m["per_model"] if x.get("can_test", True)]
+    return bool(testing) and all(x["first_fraction"] is not None and x["first_fraction"] <= IDENTIFIABLE_BAND[1]
+                                 for x in testing)
 
 
 def _ident_text(m: dict) -> str:
-    return "; ".join(f"{x['model']}: final circuit first returned at {_pct(x['first_fraction'])} of training tokens "
-                     f"(stable from {_pct(x['stable_fraction'])}; a superset of it, {x.get('superset_size')} heads, from "
-                     f"{_pct(x.get('superset_fraction'))}); earliest checkpoint at {_pct(x['resolution'])}"
-                     for x in m["per_model"])
+    def one(x: dict) -> str:
+        text = (f"{x['model']}: final circuit first returned at {_pct(x['first_fraction'])} of training tokens "
+                f"(stable from {_pct(x['stable_fraction'])}; a superset of it, {x.get('superset_size')} heads, from "
+                f"{_pct(x.get('superset_fraction'))}); earliest checkpoint at {_pct(x['resolution'])}")
+        if "formation_fraction" not in x:
+            return text
+        if x["can_test"]:
+            return f"{text}; induction forms at {_pct(x['formation_fraction'])}: tests the claim"
+        return f"{text}; cannot test it: induction forms only at {_pct(x['formation_fraction'])} of training"
+    return "; ".join(one(x) for x in m["per_model"])
 
 
 def _pct(value: Optional[float]) -> str:
@@ -388,7 +411,7 @@ def _claims() -> dict[str, Claim]:
               f"matched-random controls there, and the median z(Δloss) of circuits ablated in the other seeds is <= {z} "
               "(no better than matched-random heads of that model).",
               _seed_ok, "the circuit of seed A ablated in seed B is indistinguishable from random heads.", _seed_text,
-              _uses_induction, lambda preset: len(preset_models(preset, "induction")) >= 2),
+              _uses_distinct_seeds, lambda preset: len(preset_models(preset, "induction")) >= 2),
         Claim("spc-timing", "spectral", "SPC",
               "The spectral signal rises before the induction selectivity crosses its threshold (predictive timing).",
               "In every induction seed, for every head of the final circuit: its PR rise (the first checkpoint where PR "
@@ -399,7 +422,9 @@ def _claims() -> dict[str, Claim]:
               _uses_induction),
         Claim("spc-identifiable", "spectral", "SPC",
               "The circuit is identifiable from 0.3-2% of the training tokens.",
-              f"In every induction seed, the earliest checkpoint at which the recipe run on checkpoints up to t returns "
+              f"In every induction seed that can test it (induction forms, repeated-half loss first below "
+              f"{INDUCTION_LOSS_TARGET:g} nat, within the first {IDENTIFIABLE_FORMATION_MAX:.0%} of its training tokens; "
+              f"at least one such seed), the earliest checkpoint at which the recipe run on checkpoints up to t returns "
               f"the final circuit (Jaccard 1) lies at or below {IDENTIFIABLE_BAND[1]:.0%} of the training tokens.",
               _ident_ok, "the final circuit is already returned from 0.3-2% of the training tokens.", _ident_text,
               _uses_induction),

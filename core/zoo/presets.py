@@ -127,7 +127,7 @@ _LLAMA_GQA_TRAIN = replace(_INDUCTION_TRAIN, steps=1400, lr=2e-3, repeat_warmup_
 # below 4 nats when it ends, up to step 1,500, with the head lasso starting at step 500 as in the quick
 # recipe (every try above held the lasso back while the warm-up ran). Seeds below the bar at step 500
 # train exactly as before.
-_PAPER_INDUCTION_TRAIN = replace(_INDUCTION_TRAIN, warmup_extend_to=1500, warmup_loss_below=4.0)
+_PAPER_INDUCTION_TRAIN = replace(_INDUCTION_TRAIN, steps=3000, warmup_extend_to=2000, warmup_loss_below=4.0)
 
 # [SPC]'s "identifiable from 0.3-2% of the tokens" needs induction to form in the first few percent of
 # training, as in Pythia (steps 1-2k of 143k). The 2,000-step seeds form it at about a quarter of their

@@ -136,6 +136,37 @@ def test_timing_and_identification_criteria():
     assert judge("spc-identifiable", {"per_model": [{"first_fraction": 0.02}]}) == HELD  # 2% is inside the band
     assert judge("spc-identifiable", {"per_model": [{"first_fraction": 0.0201}]}) == NOT_HELD
     assert judge("spc-identifiable", {"per_model": [{"first_fraction": None}]}) == NOT_HELD
+    # only the seeds whose induction forms early can test it: a late-forming seed is context, not a verdict
+    early = {"first_fraction": 0.015, "formation_fraction": 0.024, "can_test": True}
+    late = {"first_fraction": 0.40, "formation_fraction": 0.30, "can_test": False}
+    assert judge("spc-identifiable", {"per_model": [early, late]}) == HELD
+    assert judge("spc-identifiable", {"per_model": [{**early, "first_fraction": 0.03}, late]}) == NOT_HELD
+    assert judge("spc-identifiable", {"per_model": [late]}) == NOT_HELD  # no seed tests it: never "held"
+    text = CLAIMS["spc-identifiable"].describe({"per_model": [{**early, "model": "a", "stable_fraction": 0.02,
+                                                                "resolution": 0.001}, {**late, "model": "b",
+                                                                "stable_fraction": 0.5, "resolution": 0.01}]})
+    assert "a: final circuit first returned at 1.5%" in text and "induction forms at 2.4%: tests the claim" in text
+    assert "cannot test it: induction forms only at 30% of training" in text
+
+
+def test_identifiability_tests_only_seeds_whose_induction_forms_early(tmp_path, monkeypatch):
+    monkeypatch.setenv("HEADLAB_HOME", str(tmp_path))
+    for name, step, steps in (("early", 600, 25_000), ("late", 500, 2_000), ("never", None, 2_000)):
+        (tmp_path / "zoo" / name).mkdir(parents=True)
+        (tmp_path / "zoo" / name / "manifest.json").write_text(json.dumps(
+            {"name": name, "checkpoints": [], "complete": True, "final": {"induction_step": step, "steps": steps}}))
+    assert rep._formation("early") == {"formation_step": 600, "formation_fraction": 0.024, "can_test": True}
+    assert rep._formation("late")["can_test"] is False and rep._formation("late")["formation_fraction"] == 0.25
+    assert rep._formation("never") == {"formation_step": None, "formation_fraction": None, "can_test": False}
+    assert rc.IDENTIFIABLE_FORMATION_MAX == 0.05
+
+
+def test_the_seed_specific_claim_takes_one_model_per_training_seed():
+    """induction-neox-long continues seed 0's run, so the cross-seed matrix leaves it out."""
+    induction = preset_models("paper", "induction")
+    assert rc._uses_distinct_seeds("paper") == [n for n in rc._uses_induction("paper") if n != "induction-neox-long"]
+    assert CLAIMS["spc-seed-specific"].uses("paper") == rc._uses_distinct_seeds("paper")
+    assert "induction-neox-long" in induction and CLAIMS["spc-identifiable"].uses("paper") == rc._uses_induction("paper")
 
 
 def test_data_shift_and_composition_criteria():

@@ -484,9 +484,9 @@ def test_presets_have_the_promised_models():
     assert shifted.init_from == "induction-neox-s0" and shifted.task == "shifted"
     assert paper.index("induction-neox-s0") < paper.index("induction-neox-shifted")
     trains = {n: t for n, _, t in ZOO_PRESETS["paper"]}
-    assert {trains[f"induction-neox-s{s}"].warmup_extend_to for s in range(6)} == {1500}  # seeds 3 and 4 need it
+    assert {trains[f"induction-neox-s{s}"].warmup_extend_to for s in range(6)} == {2000}  # seed 3 needs it
     long = trains["induction-neox-long"]  # [SPC] identifiability: induction forms in the first few percent
-    assert long == replace(trains["induction-neox-s0"], steps=long.steps) and long.steps >= 10 * trains["induction-neox-s0"].steps
+    assert long == replace(trains["induction-neox-s0"], steps=long.steps) and long.steps >= 8 * trains["induction-neox-s0"].steps
 
 
 def test_reference_format_preset_is_the_sequence_models_in_their_own_folders():
