@@ -77,7 +77,7 @@ def test_path_patching_matches_transformer_lens_direct_path(bridge, pair, compon
         ours = path_patching(bridge, pair, HeadSet(((0, 2),)), HeadSet(((1, receiver),)), component, settings)
         effect = ours.score * (ours.clean_value - ours.corrupted_value)  # the mean target logit's change
         assert effect == pytest.approx(float(theirs[1, receiver]) - ours.corrupted_value, abs=2e-5)
-        assert ours.identity_max_diff == 0.0
+        assert ours.identity_max_diff < 1e-4  # float rounding only: step 2 runs on split per-head inputs
         effects.append(abs(effect))
     assert max(effects) > 5e-3  # a real effect, not rounding
 

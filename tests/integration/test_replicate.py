@@ -71,8 +71,8 @@ def test_every_methods_claim_has_claims_and_runners():
 
 def test_quick_preset_cannot_test_seed_level_claims():
     quick = {c.id for c in CLAIMS.values() if not c.testable_on("quick")}
-    assert quick == {"spc-seed-specific", "spc-data-shift", "hhg-rho-sort", "hhg-rho-spread", "hhg-l3h3-hero",
-                     "hhg-l1-bloats"}
+    assert quick == {"spc-seed-specific", "spc-data-shift", "spc-identifiable", "hhg-rho-sort", "hhg-rho-spread",
+                     "hhg-l3h3-hero", "hhg-l1-bloats"}
     assert all(c.testable_on("paper") for c in CLAIMS.values())
     assert preset_models("paper", "induction") == [f"induction-neox-s{s}" for s in range(6)] + ["induction-neox-long"]
     assert rc._shift_pairs("paper") == [("induction-neox-s0", "induction-neox-shifted")]
@@ -159,6 +159,9 @@ def test_identifiability_tests_only_seeds_whose_induction_forms_early(tmp_path, 
     assert rep._formation("late")["can_test"] is False and rep._formation("late")["formation_fraction"] == 0.25
     assert rep._formation("never") == {"formation_step": None, "formation_fraction": None, "can_test": False}
     assert rc.IDENTIFIABLE_FORMATION_MAX == 0.05
+    # before anything trains: only a preset with a seed whose warm-up ends in its first 5% can test it
+    assert rc._can_test_identifiability("paper") and not rc._can_test_identifiability("quick")
+    assert not CLAIMS["spc-identifiable"].testable_on("quick")
 
 
 def test_the_seed_specific_claim_takes_one_model_per_training_seed():
@@ -245,7 +248,7 @@ def test_run_claim_stores_and_reuses_measurements(fake_zoo, tmp_path, monkeypatc
         return rep.Measurement({"per_model": [{"first_fraction": 0.01}]}, {}, tuple(names))
 
     monkeypatch.setitem(rep.RUNNERS, "spc-identifiable", runner)
-    claim = replace(CLAIMS["spc-identifiable"], uses=lambda preset: ["rep-a"], describe=lambda m: "one percent")
+    claim = replace(CLAIMS["spc-identifiable"], uses=lambda preset: ["rep-a"], testable=None, describe=lambda m: "one percent")
     first, artifacts = rep.run_claim(claim, _context(tmp_path))
     assert calls == [["rep-a"]] and first.verdict == HELD and not first.reused and artifacts == {}
     assert first.measured_text == "one percent" and first.models == ("rep-a",)
@@ -275,7 +278,7 @@ def test_an_interrupted_run_resumes_where_it_stopped(fake_zoo, tmp_path, monkeyp
     def interrupted(ctx, names):
         raise KeyboardInterrupt
 
-    first = replace(CLAIMS["spc-identifiable"], uses=lambda preset: ["rep-a"], describe=lambda m: "half")
+    first = replace(CLAIMS["spc-identifiable"], uses=lambda preset: ["rep-a"], testable=None, describe=lambda m: "half")
     second = replace(CLAIMS["spc-data-shift"], uses=lambda preset: ["rep-a"], testable=None, describe=lambda m: "one")
     monkeypatch.setattr(rcli, "claims_of", lambda target: [first, second])
     monkeypatch.setitem(rep.RUNNERS, "spc-identifiable", ok)
@@ -460,7 +463,7 @@ def test_replicate_spectral_quick_report(quick_zoo, tmp_path):
     for claim in data["claims"]:
         assert table[claim["id"]] == claim["verdict"]
         if claim["verdict"] == NEEDS_PAPER:
-            assert claim["id"] in ("spc-seed-specific", "spc-data-shift") and claim["measured"] is None
+            assert claim["id"] in ("spc-seed-specific", "spc-data-shift", "spc-identifiable") and claim["measured"] is None
             continue
         assert claim["verdict"] in VERDICTS, claim["verdict"]  # every quick-testable claim was measured
         assert claim["measured"] is not None and claim["measured_text"]

@@ -41,7 +41,9 @@ class PathPatching(JsonResult):
     """Senders -> receivers' components, and random sender groups into the same receivers as controls.
 
     score, control_scores: normalized (clean 1, corrupted 0); stats: z, rank, p against the controls;
-    identity_max_diff: the largest logit change when the senders are patched from the base run itself.
+    identity_max_diff: the largest logit change when the senders are patched from the base run itself
+    (float rounding only, about 1e-5 on float32: step 2 runs the attention on split per-head inputs, whose
+    sums round differently from the plain forward that gave the base logits).
     """
 
     direction: str
