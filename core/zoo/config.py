@@ -85,11 +85,6 @@ class TrainConfig(JsonResult):
     # most until step warmup_extend_to; the head lasso still starts at the fixed end. 0 = never extend
     warmup_extend_to: int = 0
     warmup_loss_below: float = 4.0
-    # a warm-up still running at step warmup_late_step (0 = no late bar) ends only below the lower
-    # warmup_late_loss_below: a seed forming that late has little of its run left in the mixture,
-    # where it finishes forming slowly, so it finishes in pure repeats
-    warmup_late_step: int = 0
-    warmup_late_loss_below: float = 2.0
     warmup_repeat_fraction: float = 1.0  # share of repeat sequences during the warm-up (1 = pure repeat)
     repeat_fraction: float = 0.5  # share of repeat sequences in the mixture after the warm-up
     mixture_chunk_max: int = 32  # longest repeated chunk after the warm-up (the warm-up keeps 8-32)
@@ -127,10 +122,6 @@ class TrainConfig(JsonResult):
                                       or self.warmup_extend_to <= self.text_first_steps + self.repeat_warmup_steps):
             raise HeadLabError(f"warmup_extend_to ({self.warmup_extend_to}) extends an induction model's repeat warm-up: "
                                "give 0, or a step after text_first_steps + repeat_warmup_steps.")
-        if self.warmup_late_step and not (self.text_first_steps + self.repeat_warmup_steps < self.warmup_late_step
-                                          < self.warmup_extend_to):
-            raise HeadLabError(f"warmup_late_step ({self.warmup_late_step}) lowers the bar of an extended warm-up: give 0, "
-                               "or a step between the fixed warm-up's end and warmup_extend_to.")
         if self.hhg_format != "headlab" and self.task not in SEQUENCE_TASKS:
             raise HeadLabError(f"--hhg-format {self.hhg_format} applies to the reverse and sort tasks only, not {self.task!r}.")
 

@@ -126,13 +126,7 @@ _LLAMA_GQA_TRAIN = replace(_INDUCTION_TRAIN, steps=1400, lr=2e-3, repeat_warmup_
 # disjoint matched-random control); the warm-up extended until the loss is below 5.0 nats (seed 1's
 # circuit grew to 7 heads); a re-warm-up for a seed still above 4 nats at step 600 or 800 (100 steps of
 # the mixture had put seeds 3 and 4 back at chance; seed 3 ended at 5.48, seed 4 at 2.77 nats).
-# Retrained on 2026-12-03 on another machine (the weights depend on the CPU's float kernels): seed 3's
-# warm-up ended at step 1,400 (3.66 nats) and it ended the run at 2.40 nats, never formed (the mixture
-# took it only from 3.66 to 2.40 in 1,600 steps). So a warm-up still running at step 1,000 now ends
-# only below 2 nats: the seed that forms late finishes forming in pure repeats. The other seeds end
-# their warm-up at step 600, before that bar applies, so they train exactly as before.
-_PAPER_INDUCTION_TRAIN = replace(_INDUCTION_TRAIN, steps=3000, warmup_extend_to=2000, warmup_loss_below=4.0,
-                                 warmup_late_step=1000, warmup_late_loss_below=2.0)
+_PAPER_INDUCTION_TRAIN = replace(_INDUCTION_TRAIN, steps=3000, warmup_extend_to=2000, warmup_loss_below=4.0)
 
 # [SPC]'s "identifiable from 0.3-2% of the tokens" needs induction to form in the first few percent of
 # training, as in Pythia (steps 1-2k of 143k). The 3,000-step seeds form it (below 1 nat) at a third of

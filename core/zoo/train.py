@@ -211,18 +211,15 @@ def warmup_end_at(train_cfg: TrainConfig, meta: dict, step: int) -> int:
 def _end_warmup_if_due(train_cfg: TrainConfig, meta: dict) -> None:
     """With warmup_extend_to, at the top of step meta["step"]: end the warm-up's data there once the
     fixed warm-up is over and the latest evaluation's repeated-half loss is below warmup_loss_below
-    (induction has formed; from step warmup_late_step on, below warmup_late_loss_below), or at
-    warmup_extend_to at the latest. A seed already below the bar when the fixed warm-up ends
-    (evaluated at that step) trains exactly as with the fixed warm-up."""
+    (induction has formed), or at warmup_extend_to at the latest. A seed already below the bar when
+    the fixed warm-up ends (evaluated at that step) trains exactly as with the fixed warm-up."""
     if not train_cfg.warmup_extend_to or meta.get("warmup_end") is not None:
         return
     step = meta["step"]
     if step < train_cfg.text_first_steps + train_cfg.repeat_warmup_steps:
         return
-    late = bool(train_cfg.warmup_late_step) and step >= train_cfg.warmup_late_step
-    bar = train_cfg.warmup_late_loss_below if late else train_cfg.warmup_loss_below
     losses = meta["curves"]["eval"].get("induction_loss") or []
-    if step >= train_cfg.warmup_extend_to or (losses and losses[-1] < bar):
+    if step >= train_cfg.warmup_extend_to or (losses and losses[-1] < train_cfg.warmup_loss_below):
         meta["warmup_end"] = step
 
 

@@ -375,19 +375,6 @@ def test_an_extended_warm_up_keeps_repeats_until_the_repeated_half_loss_falls(tm
     assert resumed["final"]["warmup_end"] == 25 and resumed["curves"] == capped["curves"]
     assert _same(_weights(_final_dir(tmp_path / "resumed", resumed)), capped_weights)
 
-    # the late bar: from step 15 on the warm-up ends below it (100 nats: at once), not at the cap
-    late = train_model("late", TINY, replace(never, warmup_late_step=15, warmup_late_loss_below=100.0), tmp_path / "late")
-    assert late["final"]["warmup_end"] == 15
-    never_late = train_model("never-late", TINY, replace(never, warmup_late_step=15, warmup_late_loss_below=0.0),
-                             tmp_path / "never-late")
-    assert never_late["final"]["warmup_end"] == 25 and never_late["curves"] == capped["curves"]
-    # ... and a warm-up that ended before the late step trains as without it
-    met_late = train_model("met-late", TINY, replace(base, warmup_extend_to=25, warmup_loss_below=100.0,
-                                                     warmup_late_step=15, warmup_late_loss_below=0.0), tmp_path / "met-late")
-    assert met_late["final"]["warmup_end"] == 10 and met_late["curves"] == met["curves"]
-
-    with pytest.raises(HeadLabError, match="warmup_late_step"):
-        TrainConfig(task="induction", repeat_warmup_steps=500, warmup_extend_to=900, warmup_late_step=900)
     with pytest.raises(HeadLabError, match="warmup_extend_to"):
         TrainConfig(task="induction", repeat_warmup_steps=500, warmup_extend_to=500)
     with pytest.raises(HeadLabError, match="warmup_extend_to"):
