@@ -20,6 +20,7 @@ from core.bench import load as bench_load
 from core.bench import patch as bench_patch
 from core.bench import probe as bench_probe
 from core.bench import scale as bench_scale
+from core.bench import screen as bench_screen
 from core.bench import sweep as bench_sweep
 from core.cli import attribution, coactivation, export, models, patch, probe, proposers, recipe, replicate, zoo
 from core.errors import HeadLabError
@@ -53,6 +54,7 @@ BENCHES: dict[str, tuple[ModuleType, str, str]] = {
     "sweep": (bench_sweep, "bench_sweep", "probe over every checkpoint of two zoo models: serial vs Ray, one and two nodes"),
     "patch": (bench_patch, "bench_patch", "attribution vs activation patching over every head of a zoo model"),
     "live": (bench_live, "bench_live", "the ablation lab's click: recording its own clean run vs from the kept one"),
+    "screen": (bench_screen, "bench_screen", "the ablation lab's click in a real browser: candidate and verdict on screen"),
 }
 
 

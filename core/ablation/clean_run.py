@@ -22,6 +22,17 @@ def block_input(args: tuple, kwargs: dict) -> torch.Tensor:
     return args[0] if args else kwargs["hidden_states"]
 
 
+def one_row_if_uniform(value: Any) -> Any:
+    """A batch-shaped tensor whose rows are all equal (a causal mask without padding) as one broadcasting
+    row [1, ...]; tuples and lists element by element; anything else as it is. Done once when a block's
+    call is recorded, so the conditions replaying it do not compare the rows again."""
+    if isinstance(value, (tuple, list)):
+        return type(value)(one_row_if_uniform(v) for v in value)
+    if isinstance(value, torch.Tensor) and value.ndim >= 2 and value.shape[0] > 1 and bool((value == value[:1]).all()):
+        return value[:1]
+    return value
+
+
 def clean_block_kwargs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """A block's recorded call arguments without the residual and without any KV cache."""
     rest = tuple(args[1:])
@@ -79,7 +90,8 @@ class Recorder:
         def hook(module, args, kwargs):
             if layer in self.keep:
                 self.inputs[layer] = block_input(args, kwargs).detach()
-            self.calls[layer] = clean_block_kwargs(args, kwargs)
+            rest, call = clean_block_kwargs(args, kwargs)
+            self.calls[layer] = one_row_if_uniform(rest), {key: one_row_if_uniform(v) for key, v in call.items()}
 
         return hook
 

@@ -44,8 +44,7 @@ import torch
 from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXAttention, GPTNeoXLayer, rotate_half
 
 from core.ablation.clean_run import CleanRuns, Recorder, adds_attention_to_residual, fits_clean_run
-from core.ablation.replacements import (Replacements, ablation_hooks, compute_replacements, head_mask_rows, per_row,
-                                        replaced_hook_names)
+from core.ablation.replacements import Replacements, ablation_hooks, compute_replacements, replaced_hook_names
 from core.ablation.spec import PROBE_MODES, SEQUENCE_MODES, Ablation, ConditionMetrics, query_metrics
 from core.errors import HeadLabError
 from core.model.hooks import head_output_weights, hook_name, mask_kwargs, model_device, model_dtype, model_shape
@@ -123,7 +122,7 @@ class AblationCancelled(HeadLabError):
 def _fit_batch(value: Any, rows: int, index: torch.Tensor | None, repeat: int) -> Any:
     """Adapt a recorded tensor argument with batch dim `rows` to `index` rows repeated `repeat` times.
 
-    Tensors whose rows are all equal (a causal mask without padding) collapse to one broadcasting row.
+    One-row tensors broadcast as they are (the recorder made those with equal rows one row: one_row_if_uniform).
     """
     if isinstance(value, tuple):
         return tuple(_fit_batch(v, rows, index, repeat) for v in value)
@@ -132,10 +131,8 @@ def _fit_batch(value: Any, rows: int, index: torch.Tensor | None, repeat: int) -
     # batch-shaped arguments (masks, position ids) are at least 2-D; 1-D ones (cache_position) are per position
     if not isinstance(value, torch.Tensor) or value.ndim < 2 or value.shape[0] != rows or rows == 1:
         return value
-    if bool((value == value[:1]).all()):
-        return value[:1]
     picked = value if index is None else value[index]
-    return picked.repeat(repeat, *([1] * (picked.ndim - 1)))
+    return picked if repeat == 1 else picked.repeat(repeat, *([1] * (picked.ndim - 1)))
 
 
 def _run_tail(model: Any, recorder: Recorder, start: int, resid: torch.Tensor, rows: int, index, repeat: int,
@@ -188,36 +185,58 @@ def _neox_layer(model: Any, layer: int) -> GPTNeoXLayer | None:
     return hf_layer if isinstance(getattr(hf_layer.attention, "original_component", None), GPTNeoXAttention) else None
 
 
+def _hf(module: torch.nn.Module) -> torch.nn.Module:
+    """The Hugging Face module inside a TransformerBridge component (the module itself when it is one).
+    Called directly it skips the bridge's hook plumbing, which nothing reads in a block run at the query."""
+    return getattr(module, "original_component", module)
+
+
 def _neox_block_at_query(layer: GPTNeoXLayer, x: torch.Tensor, kwargs: dict, rows_index: torch.Tensor,
                          query_pos: torch.Tensor) -> torch.Tensor:
     """A GPT-NeoX block's output at each row's query position only: x [row, pos, d_model] -> [row, 1, d_model].
 
     Why: nothing after the last block reads another position, and its attention over every query
     position (scores and softmax over [row, head, pos, pos]) is most of a condition's time on a small
-    model. Keys and values are still computed at every position; the query, attention weights, W_O and
-    the MLP only at the query. The arithmetic is transformers' eager GPTNeoXAttention (softmax in
-    float32) and GPTNeoXLayer; the engine's self-check compares it with the clean logits.
+    model. Keys and values are projected at every position (not the queries); the query, attention
+    weights, W_O and the MLP only at the query. Instead of rotating every key, the one query is rotated
+    back to each key position: q . R_p k = (R_p^T q) . k, with R_p^T q = q cos_p - rotate_half(q) sin_p
+    (the two halves of a rotary feature share an angle). The rest is transformers' eager GPTNeoXAttention
+    (softmax in float32) and GPTNeoXLayer; the engine's self-check compares it with the clean logits.
     kwargs: the block's recorded call (position_embeddings (cos, sin), attention_mask [row or 1, 1, pos, pos]).
     """
     attention = layer.attention.original_component  # GPTNeoXAttention: query_key_value, dense
-    n_rows, n_pos, _ = x.shape
-    qkv = attention.query_key_value(layer.input_layernorm(x)).view(n_rows, n_pos, -1, 3 * attention.head_size)
-    query, key, value = qkv.transpose(1, 2).chunk(3, dim=-1)  # [row, head, pos, d_head] each
+    n_rows, n_pos, d_model = x.shape
+    d_head = attention.head_size
+    projection = _hf(attention.query_key_value)  # nn.Linear: out features [head, (q, k, v), d_head]
+    weight = projection.weight.view(-1, 3, d_head, d_model)
+    bias = None if projection.bias is None else projection.bias.view(-1, 3, d_head)
+    n_heads = weight.shape[0]
+    h = _hf(layer.input_layernorm)(x)  # [row, pos, d_model]
+    kv = torch.nn.functional.linear(h, weight[:, 1:].reshape(-1, d_model), None if bias is None else bias[:, 1:].reshape(-1))
+    key, value = kv.view(n_rows, n_pos, n_heads, 2, d_head).permute(3, 0, 2, 1, 4)  # [row, head, pos, d_head] each
+    h_query = h[rows_index, query_pos]  # [row, d_model]
+    query = torch.nn.functional.linear(h_query, weight[:, 0].reshape(-1, d_model), None if bias is None else bias[:, 0].reshape(-1))
+    query = query.view(n_rows, n_heads, 1, d_head)
     cos, sin = kwargs["position_embeddings"]  # [row or 1, pos, rotary_dim] each
-    key = _rotated(key, cos[:, None], sin[:, None])
     cos_rows = rows_index if cos.shape[0] > 1 else torch.zeros_like(rows_index)
-    query = query[rows_index, :, query_pos][:, :, None, :]  # [row, head, 1, d_head]
     query = _rotated(query, cos[cos_rows, query_pos][:, None, None], sin[cos_rows, query_pos][:, None, None])
-    scores = torch.matmul(query, key.transpose(2, 3)) * attention.scaling  # [row, head, 1, pos]
-    scores = scores + _query_mask(kwargs.get("attention_mask"), rows_index, query_pos, n_pos, scores.dtype)
+    rotary_dim = cos.shape[-1]
+    q_rot = query[..., :rotary_dim]  # [row, head, 1, rotary_dim]
+    back = q_rot * cos[:, None] - rotate_half(q_rot) * sin[:, None]  # [row, head, pos, rotary_dim]
+    scores = (back * key[..., :rotary_dim]).sum(-1, keepdim=True).transpose(2, 3)  # [row, head, 1, pos]
+    if rotary_dim < d_head:  # the features without rotary
+        scores = scores + torch.matmul(query[..., rotary_dim:], key[..., rotary_dim:].transpose(2, 3))
+    scores = scores * attention.scaling + _query_mask(kwargs.get("attention_mask"), rows_index, query_pos, n_pos,
+                                                      scores.dtype)
     weights = torch.nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     z = torch.matmul(weights, value)  # [row, head, 1, d_head]
-    attn_out = attention.dense(z.transpose(1, 2).reshape(n_rows, 1, -1))  # [row, 1, d_model]
+    attn_out = _hf(attention.dense)(z.transpose(1, 2).reshape(n_rows, 1, -1))  # [row, 1, d_model]
     x_query = x[rows_index, query_pos][:, None, :]
+    post_norm = _hf(layer.post_attention_layernorm)
     if layer.use_parallel_residual:
-        return layer.mlp(layer.post_attention_layernorm(x_query)) + attn_out + x_query
+        return layer.mlp(post_norm(x_query)) + attn_out + x_query
     attn_out = attn_out + x_query
-    return layer.mlp(layer.post_attention_layernorm(attn_out)) + attn_out
+    return layer.mlp(post_norm(attn_out)) + attn_out
 
 
 def _rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -250,17 +269,25 @@ def _head_change(weights: torch.Tensor, z: torch.Tensor, chunk: Sequence[Ablatio
 
     weights: W_O of the layer [head, d_head, d_model]; z: the clean hook_z of probe examples
     rows[0]..rows[1]-1 [row, pos, head, d_head]. Each condition's ablated heads change by
-    (replacement - z), the replacement any hook_z mode writes (not reference-slice, which writes after W_O).
+    (replacement - z), the replacement any hook_z mode writes (not reference-slice, which writes after W_O);
+    only those heads are multiplied through W_O (a study ablates a few heads of a layer).
     """
-    n_heads = int(z.shape[2])
-    mask = head_mask_rows(chunk, layer, n_heads, rows[1] - rows[0], z.device)  # [cond*row, head]
-    z_rows = z.repeat(len(chunk), 1, 1, 1)  # [cond*row, pos, head, d_head]
-    if mask is None:
-        return torch.zeros(z_rows.shape[0], z_rows.shape[1], weights.shape[-1], dtype=z.dtype, device=z.device)
+    n_rows, n_pos = z.shape[:2]
     stats = replacements or Replacements()
-    replacement = per_row(stats.value(chunk[0], hook_name("z", layer), rows, z.shape[1]).to(z.device, z.dtype), z_rows.shape[0])
-    change = torch.where(mask[:, None, :, None], replacement - z_rows, torch.zeros((), dtype=z.dtype, device=z.device))
-    return torch.einsum("rphd,hdm->rpm", change, weights.to(z.dtype))
+    replacement = None
+    changes = []
+    for ablation in chunk:
+        heads = [head for l, head in ablation.heads if l == layer]
+        if not heads:
+            changes.append(torch.zeros(n_rows, n_pos, weights.shape[-1], dtype=z.dtype, device=z.device))
+            continue
+        if replacement is None:  # one mode and seed per chunk: the same statistics for every condition
+            replacement = stats.value(ablation, hook_name("z", layer), rows, n_pos).to(z.device, z.dtype)
+        index = torch.tensor(heads, device=z.device)
+        diff = torch.broadcast_to(replacement, z.shape).index_select(2, index) - z.index_select(2, index)
+        changes.append((diff.reshape(n_rows * n_pos, -1) @ weights.index_select(0, index).to(z.dtype).reshape(-1, weights.shape[-1]))
+                       .view(n_rows, n_pos, -1))  # [row, pos, d_model]
+    return changes[0] if len(changes) == 1 else torch.cat(changes)
 
 
 def _replay_tolerance(model: Any) -> float:
@@ -312,13 +339,11 @@ def _condition_logits(model: Any, rec: Recorder, chunk: Sequence[Ablation], star
     reps = len(chunk)
     examples = (rec.lo, rec.lo + n_rows)
     hooks = ablation_hooks(model, chunk, examples, replacements) if not all(a.is_empty for a in chunk) else []
+    first = start + 1 if start_weights is not None else start
+    resid = rec.resid_before(first)[:n_rows]
+    resid = resid if reps == 1 else resid.repeat(reps, 1, 1)  # [cond*row, pos, d_model]
     if start_weights is not None:
-        first = start + 1
-        resid = rec.resid_before(first)[:n_rows].repeat(reps, 1, 1)  # [cond*row, pos, d_model]
         resid = resid + _head_change(start_weights, rec.z[start][:n_rows], chunk, start, examples, replacements)
-    else:
-        first = start
-        resid = rec.resid_before(start)[:n_rows].repeat(reps, 1, 1)
     last_mlp_at_query = last_mlp_at_query and not any(n_layers - 1 in a.mlp_layers for a in chunk)
     last_attention_at_query = not any(n_layers - 1 in a.heads.layers for a in chunk)  # no hook reads that attention
     with model.hooks(fwd_hooks=hooks):

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from core.errors import HeadLabError
 from core.model.loading import load_config
 from core.model.refs import ModelRef, list_checkpoints
 
@@ -467,3 +468,17 @@ def test_ablation_lab_clicks_add_heads_and_degenerate_controls_are_inconclusive(
     page.get_by_role("button", name="Clear selection").click()
     page.wait_for_function("(sel) => document.querySelector(sel)?.value === ''",
                            arg='input[aria-label="Heads to ablate"]', timeout=120_000, polling=300)
+
+
+def test_bench_screen_times_a_click_from_its_own_browser(server):
+    """`bench screen` serves the app itself (the `server` fixture only supplies the zoo and the skips) and
+    times two clicks on the quick zoo; the candidate's preview shows before the verdict."""
+    from core.bench.screen import bench_screen
+
+    result = bench_screen(MODEL, heads="L1H0,L1H2", clicks=2, n_examples=32, seq_len=64)
+    assert len(result["candidate_s"]) == len(result["verdict_s"]) == 2
+    assert all(0 < c <= v for c, v in zip(result["candidate_s"], result["verdict_s"]))
+    assert result["median_s"]["verdict"] == pytest.approx(sum(result["verdict_s"]) / 2)  # the median of two
+    assert result["all_within_targets"] == (max(result["candidate_s"]) <= 1.0 and max(result["verdict_s"]) <= 3.0)
+    with pytest.raises(HeadLabError, match="--clicks"):
+        bench_screen(MODEL, clicks=0)

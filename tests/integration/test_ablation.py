@@ -44,11 +44,11 @@ D_HEAD = D_MODEL // N_HEADS
 # ---------------------------------------------------------------------------------------------
 
 
-def _build(folder: Path, parallel: bool, seed: int = 0, flat_unembed: bool = False):
+def _build(folder: Path, parallel: bool, seed: int = 0, flat_unembed: bool = False, rotary_pct: float = 1.0):
     """flat_unembed: zero the unembedding, so every logit is exactly 0 (all tokens tied)."""
     config = GPTNeoXConfig(
         vocab_size=260, hidden_size=D_MODEL, num_hidden_layers=N_LAYERS, num_attention_heads=N_HEADS,
-        intermediate_size=128, max_position_embeddings=64, rotary_pct=1.0, use_parallel_residual=parallel,
+        intermediate_size=128, max_position_embeddings=64, rotary_pct=rotary_pct, use_parallel_residual=parallel,
         tie_word_embeddings=False, bos_token_id=256, eos_token_id=258, pad_token_id=257,
     )
     config._attn_implementation = "eager"
@@ -203,12 +203,20 @@ def test_prefix_reuse_equals_full_recomputation_and_skips_lower_blocks(tiny):
     assert counted[2] == 2 + 6
 
 
-@pytest.mark.parametrize("parallel", [True, False])
+@pytest.fixture(scope="module")
+def tiny_partial_rotary(tmp_path_factory):
+    """Pythia's rotary: the first quarter of each head's features rotated, the rest not."""
+    return _build(tmp_path_factory.mktemp("neox_partial_rotary"), parallel=True, rotary_pct=0.25)
+
+
+@pytest.mark.parametrize("kind", ["parallel", "sequential", "partial-rotary"])
 @pytest.mark.parametrize("padding", ["none", "left"])
-def test_the_last_block_at_the_query_rows_equals_the_whole_block(tiny, tiny_sequential, parallel, padding):
+def test_the_last_block_at_the_query_rows_equals_the_whole_block(tiny, tiny_sequential, tiny_partial_rotary, kind,
+                                                                 padding):
     """_neox_block_at_query against the bridge's own block at each row's query position, on the block's
-    recorded call (rotary cos/sin, the causal mask; with left padding the mask hides the first tokens)."""
-    _, model = tiny if parallel else tiny_sequential
+    recorded call (rotary cos/sin, the causal mask; with left padding the mask hides the first tokens);
+    full rotary and Pythia's partial rotary (the query rotated back to each key position either way)."""
+    _, model = {"parallel": tiny, "sequential": tiny_sequential, "partial-rotary": tiny_partial_rotary}[kind]
     batch = _batch(n=6, seed=2)
     last = N_LAYERS - 1
     recorded = {}
