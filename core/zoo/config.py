@@ -85,6 +85,14 @@ class TrainConfig(JsonResult):
     # most until step warmup_extend_to; the head lasso still starts at the fixed end. 0 = never extend
     warmup_extend_to: int = 0
     warmup_loss_below: float = 4.0
+    # with warmup_extend_to: from this step on, the head lasso pauses while the extended warm-up still runs
+    # (a seed still on the loss plateau); it resumes when the warm-up ends. 0 = never pause
+    lasso_pause_from: int = 0
+    # once an evaluation counts more than this many strong induction heads, the head lasso weight is
+    # multiplied by lasso_boost for the rest of training (keeps the circuit small enough for matched-random
+    # controls). 0 = never
+    lasso_boost_above: int = 0
+    lasso_boost: float = 2.0
     warmup_repeat_fraction: float = 1.0  # share of repeat sequences during the warm-up (1 = pure repeat)
     repeat_fraction: float = 0.5  # share of repeat sequences in the mixture after the warm-up
     mixture_chunk_max: int = 32  # longest repeated chunk after the warm-up (the warm-up keeps 8-32)
@@ -122,6 +130,11 @@ class TrainConfig(JsonResult):
                                       or self.warmup_extend_to <= self.text_first_steps + self.repeat_warmup_steps):
             raise HeadLabError(f"warmup_extend_to ({self.warmup_extend_to}) extends an induction model's repeat warm-up: "
                                "give 0, or a step after text_first_steps + repeat_warmup_steps.")
+        if self.lasso_pause_from and not self.warmup_extend_to:
+            raise HeadLabError(f"lasso_pause_from ({self.lasso_pause_from}) pauses the head lasso during an extended "
+                               "warm-up: set warmup_extend_to too, or give 0.")
+        if (self.lasso_pause_from or self.lasso_boost_above) and not self.head_l1:
+            raise HeadLabError("lasso_pause_from and lasso_boost_above change the head lasso: set head_l1 > 0, or give 0.")
         if self.hhg_format != "headlab" and self.task not in SEQUENCE_TASKS:
             raise HeadLabError(f"--hhg-format {self.hhg_format} applies to the reverse and sort tasks only, not {self.task!r}.")
 

@@ -201,6 +201,8 @@ def final_figures(model, model_cfg: ModelConfig, train_cfg: TrainConfig, meta: d
         out["induction_seconds"] = meta["induction_seconds"]
         if train_cfg.warmup_extend_to:  # where this seed's repeat warm-up data ended (core/zoo/train.py, warmup_end_at)
             out["warmup_end"] = meta.get("warmup_end")
+        if train_cfg.lasso_boost_above:  # the step the head lasso's boost began (core/zoo/train.py, head_lasso_weight)
+            out["lasso_boost_from"] = meta.get("lasso_boost_from")
     elif train_cfg.task == "duplicate":
         out.update(evaluate_duplicate(model, train_cfg, train_cfg.final_examples))
     elif train_cfg.task == "none":

@@ -121,15 +121,24 @@ _LLAMA_GQA_TRAIN = replace(_INDUCTION_TRAIN, steps=1400, lr=2e-3, repeat_warmup_
 # All six form induction (final repeated-half loss 0.33-0.73 nats; 1-6 layer-1 heads with prefix matching
 # above 0.8). Under the plain quick recipe seeds 3 and 4 never did (5.54 nats at step 2,000).
 # Retrained on 2026-12-03 on another machine (the weights depend on the CPU's float kernels), seed 3
-# did not form: warm-up to step 1,400 (3.66 nats), final 2.40 nats; a lower bar for a warm-up still
-# running at step 1,000 (below 2 nats) did not help (pure repeats to step 2,000, final 2.30).
+# did not form (warm-up to step 1,400 at 3.66 nats, final 2.40) and seeds 1 and 5 grew 6-head circuits
+# (6 of 12 layer-1 heads leave one disjoint matched-random set). Two rules on the head lasso fixed both
+# on that machine, and leave every seed that formed on time with a circuit of at most 5 heads as it was
+# (seeds 0, 2, 4 and the long run: bit-identical weights):
+# - lasso_pause_from=600: a seed still in its extended warm-up at step 600 (still on the plateau) gets no
+#   lasso until the warm-up ends. Seed 3 sat on the plateau from step 500 to 1,300 with the lasso
+#   shrinking every head; paused, it left the plateau at step 1,000 (2.60 nats) and formed (0.38 nats).
+# - lasso_boost_above=5, lasso_boost=2: from the first evaluation with more than 5 strong heads, the lasso
+#   doubles for the rest of training. Seed 1 (6 heads from step 800): 5 heads, 0.43 nats; seed 5 (6 from
+#   step 1,300): 4 heads, 0.43 nats. A boost only while the count is above 5 let seed 1 swing 4-6 heads.
 # Tried before and not kept (each held the lasso back while the warm-up ran): the lasso held back until
 # formation (seed 3 ended at 5.26 nats: the lasso alone is not the cause); 1,500 pure-repeat steps for
 # every seed (all formed, but seed 1's screen put 8 of its 12 layer-1 heads in the circuit, leaving no
 # disjoint matched-random control); the warm-up extended until the loss is below 5.0 nats (seed 1's
 # circuit grew to 7 heads); a re-warm-up for a seed still above 4 nats at step 600 or 800 (100 steps of
 # the mixture had put seeds 3 and 4 back at chance; seed 3 ended at 5.48, seed 4 at 2.77 nats).
-_PAPER_INDUCTION_TRAIN = replace(_INDUCTION_TRAIN, steps=3000, warmup_extend_to=2000, warmup_loss_below=4.0)
+_PAPER_INDUCTION_TRAIN = replace(_INDUCTION_TRAIN, steps=3000, warmup_extend_to=2000, warmup_loss_below=4.0,
+                                 lasso_pause_from=600, lasso_boost_above=5, lasso_boost=2.0)
 
 # [SPC]'s "identifiable from 0.3-2% of the tokens" needs induction to form in the first few percent of
 # training, as in Pythia (steps 1-2k of 143k). The 3,000-step seeds form it (below 1 nat) at a third of

@@ -223,6 +223,25 @@ def _end_warmup_if_due(train_cfg: TrainConfig, meta: dict) -> None:
         meta["warmup_end"] = step
 
 
+def head_lasso_weight(train_cfg: TrainConfig, meta: dict, step: int) -> float:
+    """The head group-lasso weight of `step` (0 = off): head_l1 from the fixed warm-up's end, paused from
+    lasso_pause_from while an extended warm-up still runs, times lasso_boost from the first evaluation
+    that counted more than lasso_boost_above strong induction heads (meta["lasso_boost_from"], kept).
+
+    Why the pause: the lasso shrinks every head while a seed sits on the loss plateau, and a seed that
+    stays there long leaves it with heads too small to finish forming. Why the boost: a seed whose
+    circuit takes more than 5 of its 12 layer-1 heads leaves fewer than 20 disjoint matched-random sets."""
+    if not train_cfg.head_l1 or step < train_cfg.text_first_steps + train_cfg.repeat_warmup_steps:
+        return 0.0
+    if train_cfg.lasso_boost_above and meta.get("lasso_boost_from") is None:
+        strong = meta["curves"]["eval"].get("strong_induction_count") or []
+        if strong and strong[-1] > train_cfg.lasso_boost_above:
+            meta["lasso_boost_from"] = step
+    if train_cfg.lasso_pause_from and step >= train_cfg.lasso_pause_from and meta.get("warmup_end") is None:
+        return 0.0
+    return train_cfg.head_l1 * (train_cfg.lasso_boost if meta.get("lasso_boost_from") is not None else 1.0)
+
+
 def softmax_vocab_at(train_cfg: TrainConfig, step: int) -> int | None:
     """The softmax width of `step`'s loss: the token task's warm-up stages use only their first ids."""
     if train_cfg.task == "tokens" and train_cfg.softmax_vocab is not None:
@@ -414,7 +433,7 @@ def train_model(
             "threads": torch.get_num_threads(), "config": config_json, "step": 0, "tokens": 0, "ema": None, "ema_at_checkpoint": None,
             "last_checkpoint_step": None, "checkpoints": [], "train_seconds": 0.0,
             "curves": {"step": [], "loss": [], "eval": {"step": []}}, "window": [], "stopped_early": False,
-            "induction_step": None, "induction_seconds": None, "warmup_end": None,
+            "induction_step": None, "induction_seconds": None, "warmup_end": None, "lasso_boost_from": None,
         }
     total = int(train_cfg.steps)
     if train_cfg.checkpoint_schedule == "pythia":
@@ -478,8 +497,9 @@ def train_model(
                 _save_state(model, optimizer, out_dir, meta)
             a = train_cfg.loss_smoothing
             meta["ema"] = value if meta["ema"] is None else (1 - a) * meta["ema"] + a * value
-            if train_cfg.head_l1 and step >= train_cfg.text_first_steps + train_cfg.repeat_warmup_steps:
-                loss = loss + train_cfg.head_l1 * head_group_norms(model, model_cfg).sum()
+            lasso = head_lasso_weight(train_cfg, meta, step)
+            if lasso:
+                loss = loss + lasso * head_group_norms(model, model_cfg).sum()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if train_cfg.grad_clip:

@@ -18,7 +18,8 @@ from core.tasks.vocab import BOS, BYTE_VOCAB_SIZE
 from core.zoo.config import ModelConfig, TrainConfig
 from core.zoo.evaluate import induction_head_summary
 from core.zoo.presets import ZOO_PRESETS, preset_entries, train_zoo, zoo_record
-from core.zoo.train import load_checkpoint_model, log_checkpoint_steps, pythia_checkpoint_steps, train_model
+from core.zoo.train import (head_lasso_weight, load_checkpoint_model, log_checkpoint_steps, pythia_checkpoint_steps,
+                             train_model)
 
 TINY = ModelConfig(family="gpt_neox", n_layers=2, n_heads=4, d_model=32, d_ff=64, max_seq_len=32)
 TINY_TRAIN = TrainConfig(
@@ -381,6 +382,48 @@ def test_an_extended_warm_up_keeps_repeats_until_the_repeated_half_loss_falls(tm
         TrainConfig(task="duplicate", warmup_extend_to=900)
 
 
+def test_head_lasso_weight_pauses_and_boosts_on_hand_made_bookkeeping():
+    """head_lasso_weight on hand-made training states: off before the fixed warm-up ends; paused from
+    lasso_pause_from while an extended warm-up runs; boosted from the first evaluation with more
+    strong heads than lasso_boost_above, and for good (a later smaller count keeps it)."""
+    cfg = TrainConfig(task="induction", repeat_warmup_steps=500, head_l1=0.005, warmup_extend_to=2000,
+                      lasso_pause_from=600, lasso_boost_above=5, lasso_boost=2.0)
+
+    def meta(warmup_end=None, strong=()):
+        return {"warmup_end": warmup_end, "curves": {"eval": {"strong_induction_count": list(strong)}}}
+
+    assert head_lasso_weight(cfg, meta(), 499) == 0.0  # the fixed warm-up
+    assert head_lasso_weight(cfg, meta(), 500) == 0.005  # extended, but before the pause begins
+    assert head_lasso_weight(cfg, meta(), 600) == 0.0  # still on the plateau at step 600: paused
+    assert head_lasso_weight(cfg, meta(warmup_end=1000), 1000) == 0.005  # the warm-up ended: back on
+    state = meta(warmup_end=600, strong=[3, 5])
+    assert head_lasso_weight(cfg, state, 700) == 0.005 and state.get("lasso_boost_from") is None  # 5 is not above 5
+    state["curves"]["eval"]["strong_induction_count"].append(6)
+    assert head_lasso_weight(cfg, state, 800) == 0.01 and state["lasso_boost_from"] == 800
+    state["curves"]["eval"]["strong_induction_count"].append(4)
+    assert head_lasso_weight(cfg, state, 900) == 0.01 and state["lasso_boost_from"] == 800  # latched
+    plain = TrainConfig(task="induction", repeat_warmup_steps=500, head_l1=0.005)
+    assert head_lasso_weight(plain, meta(strong=[12]), 900) == 0.005  # neither rule asked for
+    with pytest.raises(HeadLabError, match="warmup_extend_to"):
+        TrainConfig(task="induction", head_l1=0.005, lasso_pause_from=600)
+    with pytest.raises(HeadLabError, match="head_l1"):
+        TrainConfig(task="induction", lasso_boost_above=5)
+
+
+def test_lasso_rules_that_never_fire_train_the_same_weights(tmp_path):
+    """A seed whose warm-up ends before lasso_pause_from and whose circuit never exceeds
+    lasso_boost_above trains bit-identically with and without the rules (the paper seeds that formed on
+    time keep their weights); a boost that fires from the start changes them."""
+    base = replace(TINY_TRAIN, steps=30, repeat_warmup_steps=10, head_l1=0.01, warmup_extend_to=25, warmup_loss_below=100.0)
+    plain = train_model("plain", TINY, base, tmp_path / "plain")
+    ruled = train_model("ruled", TINY, replace(base, lasso_pause_from=11, lasso_boost_above=99), tmp_path / "ruled")
+    assert ruled["final"]["warmup_end"] == 10 and ruled["final"]["lasso_boost_from"] is None
+    assert _same(_weights(_final_dir(tmp_path / "plain", plain)), _weights(_final_dir(tmp_path / "ruled", ruled)))
+    boosted = train_model("boosted", TINY, replace(base, lasso_boost_above=-1, lasso_boost=50.0), tmp_path / "boosted")
+    assert boosted["final"]["lasso_boost_from"] is not None
+    assert not _same(_weights(_final_dir(tmp_path / "plain", plain)), _weights(_final_dir(tmp_path / "boosted", boosted)))
+
+
 @pytest.mark.parametrize("family", ["gpt_neox", "llama", "olmoe"])
 def test_each_family_trains_and_saves_loadable_checkpoints(tmp_path, family):
     from transformers import AutoTokenizer
@@ -485,6 +528,9 @@ def test_presets_have_the_promised_models():
     assert paper.index("induction-neox-s0") < paper.index("induction-neox-shifted")
     trains = {n: t for n, _, t in ZOO_PRESETS["paper"]}
     assert {trains[f"induction-neox-s{s}"].warmup_extend_to for s in range(6)} == {2000}  # seed 3 needs it
+    # the lasso pauses on a long plateau (seed 3) and doubles past 5 strong heads (seeds 1 and 5)
+    assert {(trains[f"induction-neox-s{s}"].lasso_pause_from, trains[f"induction-neox-s{s}"].lasso_boost_above)
+            for s in range(6)} == {(600, 5)}
     long = trains["induction-neox-long"]  # [SPC] identifiability: induction forms in the first few percent
     assert long == replace(trains["induction-neox-s0"], steps=long.steps) and long.steps >= 8 * trains["induction-neox-s0"].steps
 
