@@ -82,7 +82,7 @@ def bench_screen(model: str = "induction-neox", revision: str | None = None, hea
                  clicks: int = 8, n_examples: int = 256, seq_len: int = 64) -> dict:
     """Click-to-screen times [s] of the candidate's preview and of the verdict over `clicks` fresh studies."""
     try:
-        from playwright.sync_api import sync_playwright
+        from playwright.sync_api import sync_playwright  # optional: only this bench and the browser tests use it
     except ImportError:
         raise HeadLabError("bench screen drives a browser with Playwright, which is not installed here: "
                            "`pip install -r requirements.txt`.") from None
