@@ -83,8 +83,7 @@ def _can_test_identifiability(preset: str) -> bool:
     identified from 0.3-2% of the tokens. Decided from the recipes, before anything trains; the
     measurement then checks each model's actual formation step."""
     for name, _, train in ZOO_PRESETS[preset]:
-        warmup_end = train.text_first_steps + train.repeat_warmup_steps
-        if name in preset_models(preset, "induction") and warmup_end <= IDENTIFIABLE_FORMATION_MAX * train.steps:
+        if name in preset_models(preset, "induction") and train.fixed_warmup_end <= IDENTIFIABLE_FORMATION_MAX * train.steps:
             return True
     return False
 

@@ -127,7 +127,7 @@ class TrainConfig(JsonResult):
             raise HeadLabError(f"checkpoint_schedule {self.checkpoint_schedule!r} is unknown; use one of "
                                f"{', '.join(CHECKPOINT_SCHEDULES)}.")
         if self.warmup_extend_to and (self.task not in INDUCTION_TASKS
-                                      or self.warmup_extend_to <= self.text_first_steps + self.repeat_warmup_steps):
+                                      or self.warmup_extend_to <= self.fixed_warmup_end):
             raise HeadLabError(f"warmup_extend_to ({self.warmup_extend_to}) extends an induction model's repeat warm-up: "
                                "give 0, or a step after text_first_steps + repeat_warmup_steps.")
         if self.lasso_pause_from and not self.warmup_extend_to:
@@ -137,6 +137,12 @@ class TrainConfig(JsonResult):
             raise HeadLabError("lasso_pause_from and lasso_boost_above change the head lasso: set head_l1 > 0, or give 0.")
         if self.hhg_format != "headlab" and self.task not in SEQUENCE_TASKS:
             raise HeadLabError(f"--hhg-format {self.hhg_format} applies to the reverse and sort tasks only, not {self.task!r}.")
+
+    @property
+    def fixed_warmup_end(self) -> int:
+        """The step the induction warm-up ends without an extension (text first, then pure repeats);
+        the head lasso starts there."""
+        return self.text_first_steps + self.repeat_warmup_steps
 
     @property
     def data_kind(self) -> str:

@@ -188,7 +188,7 @@ def batch_at(train_cfg: TrainConfig, step: int, warmup_end: int | None = None) -
     chunk_max = mixture.CHUNK_MAX  # 8-32 byte repeats until the warm-up ends: induction forms fastest on them
     if step < train_cfg.text_first_steps:
         fraction, kind = 0.0, "text"
-    elif step < (train_cfg.text_first_steps + train_cfg.repeat_warmup_steps if warmup_end is None else warmup_end):
+    elif step < (train_cfg.fixed_warmup_end if warmup_end is None else warmup_end):
         fraction = train_cfg.warmup_repeat_fraction
         kind = "repeat" if fraction >= 1.0 else train_cfg.data_kind
     else:
@@ -202,9 +202,8 @@ def warmup_end_at(train_cfg: TrainConfig, meta: dict, step: int) -> int:
     """The step the induction warm-up's data (pure repeats) ends, as known at `step`: the config's fixed
     end, or with warmup_extend_to the step it was seen to end (meta["warmup_end"]), or step + 1 while
     it is still running. The head lasso does not follow it: it starts at the fixed end."""
-    fixed = train_cfg.text_first_steps + train_cfg.repeat_warmup_steps
     if not train_cfg.warmup_extend_to:
-        return fixed
+        return train_cfg.fixed_warmup_end
     return step + 1 if meta.get("warmup_end") is None else meta["warmup_end"]
 
 
@@ -216,7 +215,7 @@ def _end_warmup_if_due(train_cfg: TrainConfig, meta: dict) -> None:
     if not train_cfg.warmup_extend_to or meta.get("warmup_end") is not None:
         return
     step = meta["step"]
-    if step < train_cfg.text_first_steps + train_cfg.repeat_warmup_steps:
+    if step < train_cfg.fixed_warmup_end:
         return
     losses = meta["curves"]["eval"].get("induction_loss") or []
     if step >= train_cfg.warmup_extend_to or (losses and losses[-1] < train_cfg.warmup_loss_below):
@@ -231,7 +230,7 @@ def head_lasso_weight(train_cfg: TrainConfig, meta: dict, step: int) -> float:
     Why the pause: the lasso shrinks every head while a seed sits on the loss plateau, and a seed that
     stays there long leaves it with heads too small to finish forming. Why the boost: a seed whose
     circuit takes more than 5 of its 12 layer-1 heads leaves fewer than 20 disjoint matched-random sets."""
-    if not train_cfg.head_l1 or step < train_cfg.text_first_steps + train_cfg.repeat_warmup_steps:
+    if not train_cfg.head_l1 or step < train_cfg.fixed_warmup_end:
         return 0.0
     if train_cfg.lasso_boost_above and meta.get("lasso_boost_from") is None:
         strong = meta["curves"]["eval"].get("strong_induction_count") or []
