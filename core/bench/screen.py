@@ -45,14 +45,16 @@ CLICK = """() => { const button = [...document.querySelectorAll('button')].find(
   const t = performance.now(); button.click(); return t; }"""
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
-def _serve(port: int, log) -> subprocess.Popen:
-    """`streamlit run app.py` on 127.0.0.1:port (the project's .streamlit/config.toml), once it answers."""
+def serve_app(port: int, log) -> subprocess.Popen:
+    """`streamlit run app.py` on 127.0.0.1:port (the project's .streamlit/config.toml, this process's
+    environment), returned once it answers; its output goes to `log` (a binary file). The browser tests
+    serve the app this way too."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
          "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
@@ -69,6 +71,16 @@ def _serve(port: int, log) -> subprocess.Popen:
             proc.kill()
             raise HeadLabError(f"the app did not start (streamlit's output is in {log.name}); run `make app` to see why.")
         time.sleep(0.5)
+
+
+def stop_app(proc: subprocess.Popen) -> None:
+    """Stop a served app: terminate, and kill it if it has not exited 15 s later."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _settle(tab) -> None:
@@ -93,11 +105,11 @@ def bench_screen(model: str = "induction-neox", revision: str | None = None, hea
         raise HeadLabError(f"--clicks must be at least 1, not {clicks}.")
     ref = ModelRef.parse(model)
     checkpoint = resolve_checkpoint(ref, revision)  # a clear error for an unknown model before the browser starts
-    port = _free_port()
+    port = free_port()
     query = f"model={ref.name}&revision={checkpoint.revision}&n={int(n_examples)}&seq_len={int(seq_len)}&heads={heads}"
     rows: list[dict[str, float]] = []
     with tempfile.NamedTemporaryFile("wb", prefix="headlab-bench-screen-", suffix=".log", delete=False) as log:
-        proc = _serve(port, log)
+        proc = serve_app(port, log)
         try:
             with sync_playwright() as pw:
                 browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox", "--disable-gpu"])
@@ -122,11 +134,7 @@ def bench_screen(model: str = "induction-neox", revision: str | None = None, hea
                     _settle(tab)
                 browser.close()
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_app(proc)
     candidate = [r["candidate_s"] for r in rows]
     verdict = [r["verdict_s"] for r in rows]
     return {

@@ -14,15 +14,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from core.bench.screen import CHROMIUM, free_port, serve_app, stop_app
 from core.model.loading import load_config
 from core.model.refs import ModelRef, list_checkpoints
 
@@ -30,7 +28,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.zoo]
 
 REPO = Path(__file__).resolve().parents[2]
 SHOTS = REPO / "test-output" / "screenshots"
-CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
 MODEL = "induction-neox"
@@ -40,12 +37,6 @@ PAGES = [("", "Models & training", "zoo"), ("spectral", "Spectral signal", "spec
          ("inspector", "Head inspector", "inspector")]
 LONG_MS = 600_000  # a cold first page screens every checkpoint on two shared CPUs
 RUNNING = '[data-testid="stStatusWidgetRunningIcon"], [data-testid="stStatusWidgetRunningManIcon"]'
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class ServerURL(str):
@@ -67,36 +58,14 @@ def server(quick_zoo):
         pytest.skip("the browser test drives Debian's chromium at /usr/bin/chromium, which is not installed "
                     "(`make test` installs it as root; it is never downloaded)")
     pytest.importorskip("playwright.sync_api", reason="pip playwright is not installed in this environment")
-    port = _free_port()
+    port = free_port()
     SHOTS.mkdir(parents=True, exist_ok=True)
-    log = open(SHOTS.parent / "streamlit-server.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
-         "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
-        cwd=REPO, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"streamlit did not start; see {log.name}")
-            time.sleep(0.5)
-        yield ServerURL(url, proc.pid)
-    finally:
-        proc.terminate()
+    with open(SHOTS.parent / "streamlit-server.log", "wb") as log:
+        proc = serve_app(port, log)
         try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+            yield ServerURL(f"http://127.0.0.1:{port}", proc.pid)
+        finally:
+            stop_app(proc)
 
 
 @pytest.fixture(scope="module")
