@@ -22,7 +22,7 @@ import torch
 from filelock import FileLock, Timeout
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-REFERENCE_DIR = REPO_ROOT.parent / "shared" / "reference"
+
 
 _SESSION_HOME = Path(tempfile.mkdtemp(prefix="headlab-test-home-"))
 os.environ["HEADLAB_HOME"] = str(_SESSION_HOME)

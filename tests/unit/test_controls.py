@@ -1,12 +1,11 @@
 """Control head sets (core/stats/controls.py): matched, any-layer, counts, the upper bound; no model.
 
-The reference draws come from the published closure results in ../shared/reference/.
+The reference draws come from the published closure results in tests/data/reference/.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -14,9 +13,7 @@ from core.errors import HeadLabError
 from core.heads import HeadSet
 from core.stats.controls import (ControlSets, any_layer_random_controls, count_any_layer_sets, count_matched_sets,
                                  matched_random_controls, upper_bound)
-
-REFERENCE = Path(__file__).resolve().parents[2].parent / "shared" / "reference"
-CLOSURE = REFERENCE / "coactivation-closure" / "results"
+from tests.reference_data import CLOSURE
 
 
 def test_matched_random_controls_respect_layers_disjointness_distinctness_and_seed():
@@ -87,7 +84,6 @@ def test_bad_selections(selection, match):
         matched_random_controls(selection, n_layers=4, n_heads=4, n_draws=3)
     with pytest.raises(HeadLabError, match=match):
         any_layer_random_controls(selection, n_layers=4, n_heads=4, n_draws=3)
-
 
 
 def test_control_sets_json_keys_and_roundtrip():

@@ -1,6 +1,6 @@
 """The project's own docs hold together: every relative link in README.md and docs/ points to a file
 in this repository (and to a heading that exists, when it names one), and nothing sends a reader
-outside the checkout (the old ../shared/ pages are not in a clone).
+outside the checkout (tests/unit/test_reference_data.py checks that no file names a folder beside it).
 """
 
 from __future__ import annotations
@@ -75,12 +75,6 @@ def test_link_checker_on_hand_made_markdown(tmp_path):
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(REPO)))
 def test_relative_links_resolve_inside_the_repo(path):
     assert broken_links(path) == []
-
-
-@pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(REPO)))
-def test_no_reader_is_sent_to_shared(path):
-    """The methods and design pages now live in docs/; ../shared/ exists only beside the authors' checkout."""
-    assert "../shared/" not in path.read_text()
 
 
 def test_readme_links_the_methods_and_architecture_pages():

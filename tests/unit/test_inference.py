@@ -1,13 +1,12 @@
 """Statistics of ablation deltas (core/stats/inference.py): z, rank and p, bootstrap, direction, verdicts.
 
-Hand-made numbers, and the published closure statistics reproduced from ../shared/reference/
-(reference/MANIFEST.md section (a)); no model.
+Hand-made numbers, and the published closure statistics reproduced from tests/data/reference/
+(tests/data/reference/README.md, section (a)); no model.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,9 +15,7 @@ from core.errors import HeadLabError
 from core.stats.inference import (Verdict, bootstrap_ci, closure_verdict, empirical_rank_p, format_z, is_damaging,
                                   recipe_verdict,
                                   z_score)
-
-REFERENCE = Path(__file__).resolve().parents[2].parent / "shared" / "reference"
-CLOSURE = REFERENCE / "coactivation-closure" / "results"
+from tests.reference_data import CLOSURE
 
 
 def test_z_score_hand_made():
@@ -176,7 +173,6 @@ def test_reference_olmoe_route_conditional_fails_in_the_wrong_direction():
     assert z["loss"] == pytest.approx(data["summary"]["z_candidate_vs_controls_cluster1"], abs=1e-6)
     for rule in ("paper", "reference"):
         assert closure_verdict(cand, ctrl, rule=rule).label == "fails in the wrong direction"
-
 
 
 def test_verdict_json_keys_and_roundtrip():

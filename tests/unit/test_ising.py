@@ -33,13 +33,9 @@ from core.stats.routes import (
     summarize_null,
 )
 from core.stats.spins import binarize_at_median, constant_heads, drop_constant_heads, max_attention_signal
+from tests.reference_data import CLOSURE, SPC
 
-REFERENCE = Path(__file__).resolve().parents[2].parent / "shared" / "reference"
-CLOSURE = REFERENCE / "coactivation-closure" / "results"
-SPC = REFERENCE / "spectral-probe-circuits"
 N_HEAD = 16
-
-needs_reference = pytest.mark.skipif(not CLOSURE.is_dir(), reason="reference result files not present")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -75,7 +71,6 @@ def _composition(d):
 # ---------------------------------------------------------------- reproduction of published files
 
 
-@needs_reference
 @pytest.mark.parametrize("run", ["olmo_1b_ising", "olmo_1b_nat_ising", "olmoe_ising", "olmoe_nat_ising"])
 def test_spectral_clustering_reproduces_published_labels(run):
     from sklearn.metrics import adjusted_rand_score
@@ -89,7 +84,6 @@ def test_spectral_clustering_reproduces_published_labels(run):
         assert ours.tolist() == labels  # identical ids, not only the same partition
 
 
-@needs_reference
 def test_metrics_by_k_synthetic_match_published():
     J = np.load(CLOSURE / "olmo_1b_ising" / "J.npy")
     results = _json(CLOSURE / "olmo_1b_ising" / "results.json")
@@ -107,7 +101,6 @@ def test_metrics_by_k_synthetic_match_published():
     assert scores.best_k == 6  # best ARI 0.1833 at k = 6 (the candidate used k = 10)
 
 
-@needs_reference
 def test_metrics_vs_supervised_natural_match_published():
     J = np.load(CLOSURE / "olmo_1b_nat_ising" / "J.npy")
     results = _json(CLOSURE / "olmo_1b_nat_ising" / "results.json")
@@ -123,7 +116,6 @@ def test_metrics_vs_supervised_natural_match_published():
     assert scores.best_k == 12
 
 
-@needs_reference
 def test_candidate_selection_reproduces_olmo_natural_candidate():
     J = np.load(CLOSURE / "olmo_1b_nat_ising" / "J.npy")
     published = _json(CLOSURE / "olmo_1b_nat_ising" / "closure_candidate.json")
@@ -155,9 +147,8 @@ def test_candidate_selection_reproduces_olmo_natural_candidate():
     assert (cand.purity, round(cand.isolation_ratio, 5)) == (0.625, 3.01291)
 
 
-@needs_reference
 def test_candidate_rule_needs_the_n_init_1_partition():
-    # MANIFEST: on results.json cluster_results["12"] (default n_init) the L0/L1 block has 14 heads,
+    # tests/data/reference/README.md: on results.json cluster_results["12"] (default n_init) the L0/L1 block has 14 heads,
     # above the size limit, and the same rule does not return the published candidate.
     J = np.load(CLOSURE / "olmo_1b_nat_ising" / "J.npy")
     labels = _json(CLOSURE / "olmo_1b_nat_ising" / "results.json")["cluster_results"]["12"]
@@ -166,7 +157,6 @@ def test_candidate_rule_needs_the_n_init_1_partition():
     assert sel.candidate.purity == 0.0
 
 
-@needs_reference
 def test_route_stratum_partition_and_isolation_match_published():
     J = np.load(CLOSURE / "olmoe_route_conditioned" / "J_cluster1.npy")
     published = _json(CLOSURE / "olmoe_route_conditioned" / "closure_candidate.json")
@@ -184,7 +174,6 @@ def test_route_stratum_partition_and_isolation_match_published():
     assert cand["purity_classified"] * ours[2].isolation_ratio * min(22, 30) / 30 == pytest.approx(cand["combined_score"], rel=1e-12)
 
 
-@needs_reference
 def test_random_partition_null_z_matches_published():
     null = _json(CLOSURE / "olmoe_route_conditioned" / "random_partition_null.json")
     per_seed = null["per_seed"]

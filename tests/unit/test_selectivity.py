@@ -28,9 +28,8 @@ from core.stats.selectivity import (
     specialized_fraction,
 )
 from core.tasks.probe_batch import PATTERNS
+from tests.reference_data import REFERENCE, SPC
 
-REFERENCE = Path(__file__).resolve().parents[2].parent / "shared" / "reference"
-SPC = REFERENCE / "spectral-probe-circuits"
 
 # ---------------------------------------------------------------- hand-made attention rows
 # 2 examples, 1 layer, 6 heads (one per pattern), 20 keys, q = 19, p = (4, 8), p+1 = (5, 9).

@@ -22,9 +22,7 @@ from core.stats.spectral import (
     resolve_k,
     top_k,
 )
-
-REFERENCE = Path(__file__).resolve().parents[2].parent / "shared" / "reference"
-SPC = REFERENCE / "spectral-probe-circuits"
+from tests.reference_data import SPC
 
 
 # ---------------------------------------------------------------- PR definitions, known answers
