@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
+from scipy.stats import rankdata
 
 from core.figures._style import _grid_axes, _grid_height, _legend_on_top, picker_trace
 from core.figures.bundle import FigureBundle
@@ -36,18 +37,21 @@ def effect(scores: np.ndarray, direction: str) -> np.ndarray:
 
 
 def effect_ranks(scores: np.ndarray, direction: str) -> np.ndarray:
-    """Rank of each entry by effect, 1 = the largest (ties in index order); same shape as scores."""
+    """Rank of each entry by effect, 1 = the largest; same shape as scores, float.
+
+    Ties share their average rank (scipy.stats.rankdata "average"), the ranking Spearman's rho uses,
+    so the ranks drawn beside the rho are the ones it correlates.
+    """
     flat = effect(scores, direction).ravel()
-    ranks = np.empty(flat.size, dtype=np.int64)
-    ranks[np.argsort(-flat, kind="stable")] = np.arange(1, flat.size + 1)
-    return ranks.reshape(np.shape(scores))
+    return rankdata(-flat, method="average").reshape(np.shape(scores))
 
 
 def top_heads(report: Any, n: int = 3) -> list[tuple[int, int]]:
-    """The n heads with the largest activation-patching effect."""
+    """The n heads with the largest activation-patching effect (ties in index order)."""
     act = report.activation
-    ranks = effect_ranks(act.scores, act.direction)
-    return [tuple(int(i) for i in np.argwhere(ranks == r)[0]) for r in range(1, min(n, ranks.size) + 1)]
+    flat = effect(act.scores, act.direction).ravel()
+    order = np.argsort(-flat, kind="stable")[: min(n, flat.size)]
+    return [tuple(int(i) for i in np.unravel_index(k, np.shape(act.scores))) for k in order]
 
 
 def _title(report: Any, what: str) -> str:
@@ -82,7 +86,7 @@ def head_heatmap(report: Any) -> FigureBundle:
     fig.update_layout(template=SCREEN, height=_grid_height(n_layers), title=_title(report, "patching per head"))
     ranks = effect_ranks(scores, act.direction)
     rows = tuple({"head": head_name((l, h)), "layer": l, "head_index": h, "score": float(scores[l, h]),
-                  "effect_rank": int(ranks[l, h]),
+                  "effect_rank": float(ranks[l, h]),
                   "attribution_score": None if report.attribution is None else float(report.attribution.scores[l, h])}
                  for l in range(n_layers) for h in range(n_heads))
     caption = (f"{SCALE_NOTE}; white = the unpatched run ({base_score(act.direction):g}). Identity check: the base run "
@@ -134,8 +138,8 @@ def attribution_scatter(report: Any) -> FigureBundle:
     fig.update_layout(template=SCREEN, height=440, title=f"attribution vs activation patching: Spearman ρ = {rho}")
     _legend_on_top(fig)
     rows = tuple({"head": head_name((l, h)), "activation_score": float(act.scores[l, h]),
-                  "attribution_score": float(attr.scores[l, h]), "activation_rank": int(x[l, h]),
-                  "attribution_rank": int(y[l, h])} for l in range(n_layers) for h in range(n_heads))
+                  "attribution_score": float(attr.scores[l, h]), "activation_rank": float(x[l, h]),
+                  "attribution_rank": float(y[l, h])} for l in range(n_layers) for h in range(n_heads))
     caption = ("attribution patching: grad · (source z − base z) per head, one forward and backward per chunk; "
                "points on the dotted diagonal rank alike. Click or lasso heads to pick them.")
     return FigureBundle("patching-attribution-ranks", fig, rows, _prov(report, "patching_attribution_scatter"), caption)
