@@ -37,6 +37,11 @@ METRIC_ALIASES = {
 # (The reference floors a zero spread at 1e-9 and prints z ~ 1e9; such a z measures the floor, not the candidate.)
 SPREAD_FLOOR = 1e-6
 MIN_CLOSURE_CONTROLS = 3  # distinct control sets a closure verdict needs: a z from one or two says nothing
+# z's denominator is the controls' sd; from fewer than this many controls that sd is itself noise,
+# so z is shown greyed out / flagged "unreliable" and the rank and p lead.
+MIN_RELIABLE_Z_CONTROLS = 10
+Z_CONVENTION = "population sd (ddof=0), as the reference"
+RANK_P_ALPHA = 0.05  # with k controls the smallest rank p is 1/(k+1): p < 0.05 needs k >= 19
 
 
 def canonical_metric(metric: str) -> str:
@@ -84,6 +89,28 @@ def z_score(candidate_delta: float, control_deltas: Sequence[float]) -> float | 
 def format_z(z: float | None) -> str:
     """A z for tables and printouts: "n/a (degenerate)" where the controls' spread is zero."""
     return "n/a (degenerate)" if z is None else f"{z:+.3g}"
+
+
+def controls_for_p(alpha: float = RANK_P_ALPHA) -> int:
+    """The fewest controls whose smallest rank p, 1/(k+1), is at most alpha: 19 for 0.05."""
+    if not 0 < alpha < 1:
+        raise HeadLabError("the significance level must lie strictly between 0 and 1, e.g. 0.05.")
+    return int(np.ceil(1.0 / alpha - 1.0 - 1e-9))
+
+
+def format_rank_z(rank: int, p: float, n_controls: int, z: float | None) -> str:
+    """Rank and p first, then z with its number of controls and sd convention, flagged below 10 controls.
+
+    e.g. "rank 1 of 21, p = 0.0476; z +2.31 (20 controls, population sd (ddof=0), as the reference)".
+    """
+    text = (f"rank {rank} of {n_controls + 1}, p = {p:.3g}; z {format_z(z)} "
+            f"({n_controls} control{'s' if n_controls != 1 else ''}, {Z_CONVENTION})")
+    if n_controls < MIN_RELIABLE_Z_CONTROLS:
+        text += f" [z unreliable: fewer than {MIN_RELIABLE_Z_CONTROLS} controls]"
+    if n_controls < controls_for_p():
+        text += (f" [inconclusive: {n_controls} controls cannot reach p < {RANK_P_ALPHA:g}; "
+                 f"the smallest p is 1/{n_controls + 1}, use at least {controls_for_p()}]")
+    return text
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,8 @@ from tests.hand_model import HandModel, random_hand_model
 
 N_LAYERS, N_HEADS, VOCAB, SEQ_LEN = 2, 2, 8, 10
 EVERY_HEAD = HeadSet(tuple((l, h) for l in range(N_LAYERS) for h in range(N_HEADS)))
+# allow_small_gap=True throughout: a random hand model's clean and corrupted runs differ by noise (the gap
+# rule refuses that; test_the_gap_rule_refuses_a_noisy_pair checks it), and these tests check the mechanics.
 LAST_LAYER = HeadSet(tuple((N_LAYERS - 1, h) for h in range(N_HEADS)))
 
 
@@ -46,7 +48,7 @@ def model() -> HandModel:
 
 
 def _scores(model, pair, heads_list, direction):
-    measured = measure_conditions(model, pair, PatchSettings(direction=direction, batch_size=4),
+    measured = measure_conditions(model, pair, PatchSettings(allow_small_gap=True, direction=direction, batch_size=4),
                                   [(heads, None) for heads in heads_list])
     return measured.scores(measured.conditions)
 
@@ -54,12 +56,12 @@ def _scores(model, pair, heads_list, direction):
 def test_patching_a_run_into_itself_changes_nothing(model):
     pair = hand_pair()
     for direction in ("denoise", "noise"):
-        settings = PatchSettings(direction=direction, batch_size=4, n_controls=1)
+        settings = PatchSettings(allow_small_gap=True, direction=direction, batch_size=4, n_controls=1)
         assert activation_patching(model, pair, settings).identity_max_diff == 0.0
         assert path_patching(model, pair, HeadSet(((0, 0),)), HeadSet(((1, 1),)), "q,k,v", settings).identity_max_diff == 0.0
     same = PatchPair(pair.clean, pair.clean.tokens.clone(), pair.corrupted_target)
     with pytest.raises(HeadLabError, match="score the same"):
-        activation_patching(model, same, PatchSettings(batch_size=4))
+        activation_patching(model, same, PatchSettings(allow_small_gap=True, batch_size=4))
 
 
 def test_denoising_every_head_recovers_fully_and_noising_it_breaks_fully(model):
@@ -78,8 +80,8 @@ def test_denoising_every_head_recovers_fully_and_noising_it_breaks_fully(model):
 def test_noising_mirrors_denoising_for_last_layer_heads(model):
     """Linear readout: denoising head h adds c_h / gap to 0, noising it takes c_h / gap from 1."""
     pair = hand_pair()
-    denoise = activation_patching(model, pair, PatchSettings(direction="denoise", batch_size=4)).scores
-    noise = activation_patching(model, pair, PatchSettings(direction="noise", batch_size=4)).scores
+    denoise = activation_patching(model, pair, PatchSettings(allow_small_gap=True, direction="denoise", batch_size=4)).scores
+    noise = activation_patching(model, pair, PatchSettings(allow_small_gap=True, direction="noise", batch_size=4)).scores
     assert np.allclose(denoise[-1] + noise[-1], 1.0, atol=1e-5)
     assert np.all(np.sign(denoise[-1]) == -np.sign(noise[-1] - 1.0)) and np.all(np.abs(denoise[-1]) > 1e-3)
 
@@ -87,7 +89,7 @@ def test_noising_mirrors_denoising_for_last_layer_heads(model):
 @pytest.mark.parametrize("direction", ["denoise", "noise"])
 def test_attribution_patching_is_exact_where_the_metric_is_linear(model, direction):
     pair = hand_pair()
-    settings = PatchSettings(direction=direction, per_position=True, batch_size=4)
+    settings = PatchSettings(allow_small_gap=True, direction=direction, per_position=True, batch_size=4)
     act = activation_patching(model, pair, settings)
     att = attribution_patching(model, pair, settings)
     assert att.clean_value == pytest.approx(act.clean_value, rel=1e-6)
@@ -98,7 +100,7 @@ def test_attribution_patching_is_exact_where_the_metric_is_linear(model, directi
                        att.scores, atol=1e-5)  # each position's own step; they add up to the head's
     assert not np.allclose(att.scores[0], act.scores[0], atol=1e-4)  # through a softmax it is only first order
     with pytest.raises(HeadLabError, match="gradient"):
-        attribution_patching(model, pair, PatchSettings(metric="top1"))
+        attribution_patching(model, pair, PatchSettings(allow_small_gap=True, metric="top1"))
 
 
 def route_model(seed: int = 0) -> HandModel:
@@ -130,7 +132,7 @@ def route_model(seed: int = 0) -> HandModel:
 @pytest.mark.parametrize("direction", ["denoise", "noise"])
 def test_path_patching_isolates_a_hand_built_route(direction):
     model, pair = route_model(), hand_pair(seed=2)
-    settings = PatchSettings(direction=direction, batch_size=4, n_controls=1)
+    settings = PatchSettings(allow_small_gap=True, direction=direction, batch_size=4, n_controls=1)
     sender, receiver, silent = HeadSet(((0, 0),)), HeadSet(((1, 0),)), HeadSet(((0, 1),))
     whole, unheard = _scores(model, pair, [sender, silent], direction)
     base = 0.0 if direction == "denoise" else 1.0
@@ -146,7 +148,7 @@ def test_path_patching_isolates_a_hand_built_route(direction):
 
 def test_group_patching_against_controls_and_bad_routes(model):
     pair = hand_pair()
-    settings = PatchSettings(batch_size=4, n_controls=1)
+    settings = PatchSettings(allow_small_gap=True, batch_size=4, n_controls=1)
     group = group_patching(model, pair, HeadSet(((1, 0),)), settings)
     single = activation_patching(model, pair, settings).scores
     assert group.score == pytest.approx(single[1, 0], abs=1e-6)
@@ -166,7 +168,7 @@ def test_positions_that_cannot_reach_a_query_score_what_running_them_gives(model
     pair = hand_pair()
     pair = PatchPair(replace(pair.clean, query_pos=torch.tensor([7, 8, 7, 6, 7, 8])), pair.corrupted_tokens,
                      pair.corrupted_target)
-    settings = PatchSettings(batch_size=6)
+    settings = PatchSettings(allow_small_gap=True, batch_size=6)
     skipped = [(HeadSet(((0, 1),)), 9), (HeadSet(((1, 0),)), 5), (HeadSet(((1, 1),)), 9)]
     measured = measure_conditions(model, pair, settings, skipped)
     runs = next(run_chunks(model, pair, settings))
@@ -176,3 +178,15 @@ def test_positions_that_cannot_reach_a_query_score_what_running_them_gives(model
         assert mean == pytest.approx(float(runs.base_values.double().mean()), abs=1e-6)
     reached = measure_conditions(model, pair, settings, [(HeadSet(((0, 1),)), 3), (HeadSet(((1, 1),)), 8)])
     assert np.all(np.abs(reached.conditions - float(runs.base_values.double().mean())) > 1e-4)  # these do act
+
+
+def test_the_gap_rule_refuses_a_noisy_pair(model):
+    """On a random hand model the clean-corrupted gap is noise: refused, with the spread; kept and flagged when forced."""
+    pair = hand_pair()
+    with pytest.raises(HeadLabError, match="more pairs, another metric"):
+        activation_patching(model, pair, PatchSettings(batch_size=4))
+    forced = activation_patching(model, pair, PatchSettings(batch_size=4, allow_small_gap=True))
+    assert forced.gap["n_examples"] == 6 and forced.gap["gap_ok"] is False and forced.gap["gap_sd"] > 0
+    assert forced.gap["gap_mean"] == pytest.approx(forced.clean_value - forced.corrupted_value)
+    attr = attribution_patching(model, pair, PatchSettings(batch_size=4, allow_small_gap=True))
+    assert attr.gap["gap_mean"] == pytest.approx(forced.gap["gap_mean"], abs=1e-5)

@@ -11,13 +11,13 @@ logits must not move.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
 
-from core.ablation.patching.runs import (PatchSettings, Progress, check_pair_fits, identity_max_diff, patch_provenance,
-                                         patched_run, run_chunks, z_patch_hooks)
+from core.ablation.patching.runs import (PatchSettings, Progress, check_pair_fits, checked_gap, identity_max_diff,
+                                         patch_provenance, patched_run, run_chunks, z_patch_hooks)
 from core.heads import HeadSet
 from core.model.hooks import model_shape
 from core.results import JsonResult
@@ -46,6 +46,7 @@ class HeadPatching(JsonResult):
     identity_max_diff: float
     notes: tuple[str, ...]
     provenance: dict
+    gap: dict = field(default_factory=dict)  # the per-example clean-corrupted gap (core.stats.patching.gap_stats)
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,6 +69,7 @@ class GroupPatching(JsonResult):
     stats: dict
     identity_max_diff: float
     provenance: dict
+    gap: dict = field(default_factory=dict)  # the per-example clean-corrupted gap (core.stats.patching.gap_stats)
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ class _Measured:
     corrupted: float
     conditions: np.ndarray  # [condition]
     identity_max_diff: float
+    gap: dict
 
     def scores(self, values: np.ndarray | float) -> np.ndarray | float:
         return normalized_score(values, self.clean, self.corrupted)
@@ -87,6 +90,9 @@ def measure_conditions(model: Any, pair: PatchPair, settings: PatchSettings, con
                        progress: Progress | None = None) -> _Measured:
     """Run every condition on every chunk of pairs: the mean metric of each, and of the clean and corrupted runs.
 
+    The clean-corrupted gap is checked first on its per-example spread (HeadLabError when reversed or
+    under 2 standard errors, unless settings.allow_small_gap).
+
     A condition at one position that cannot reach any query is not run, it scores as the base run:
     a position after every query (attention is causal), or the last layer at a position no example
     queries (that layer's output at a position reaches only that position's logits).
@@ -94,12 +100,12 @@ def measure_conditions(model: Any, pair: PatchPair, settings: PatchSettings, con
     check_pair_fits(model, pair)
     n_layers = model_shape(model)[0]
     sums = np.zeros(len(conditions))
-    clean_sum = corrupted_sum = 0.0
+    clean_values, corrupted_values = [], []
     identity = 0.0
     total, done = len(conditions) * pair.n_examples, 0
     for runs in run_chunks(model, pair, settings):
-        clean_sum += float(runs.clean_values.double().sum())
-        corrupted_sum += float(runs.corrupted_values.double().sum())
+        clean_values.append(runs.clean_values)
+        corrupted_values.append(runs.corrupted_values)
         identity = max(identity, identity_max_diff(model, runs))
         queried = set(runs.query.tolist())
         for i, (heads, position) in enumerate(conditions):
@@ -114,7 +120,10 @@ def measure_conditions(model: Any, pair: PatchPair, settings: PatchSettings, con
             if progress is not None:
                 progress(done, total)
     n = pair.n_examples
-    return _Measured(clean_sum / n, corrupted_sum / n, sums / n, identity)
+    gap = checked_gap(clean_values, corrupted_values, settings)
+    clean = float(sum(float(v.double().sum()) for v in clean_values)) / n
+    corrupted = float(sum(float(v.double().sum()) for v in corrupted_values)) / n
+    return _Measured(clean, corrupted, sums / n, identity, gap)
 
 
 def activation_patching(model: Any, pair: PatchPair, settings: PatchSettings = PatchSettings(),
@@ -135,7 +144,8 @@ def activation_patching(model: Any, pair: PatchPair, settings: PatchSettings = P
     notes = ("positions after every query, and the last layer at positions no example queries, were not run: "
              "they cannot reach a query, so they score as the base run.",) if settings.per_position else ()
     return HeadPatching(settings.direction, settings.metric, measured.clean, measured.corrupted, per_head, per_position,
-                        measured.identity_max_diff, notes, patch_provenance(model, pair, settings, "activation patching"))
+                        measured.identity_max_diff, notes, patch_provenance(model, pair, settings, "activation patching"),
+                        measured.gap)
 
 
 def control_sets(selection: HeadSet, n_layers: int, n_heads: int, settings: PatchSettings) -> ControlSets:
@@ -157,4 +167,5 @@ def group_patching(model: Any, pair: PatchPair, selection: HeadSet, settings: Pa
     score, control_scores = float(scores[0]), tuple(float(s) for s in scores[1:-1])
     return GroupPatching(settings.direction, settings.metric, measured.clean, measured.corrupted, selection, score,
                          sets, control_scores, float(scores[-1]), against_controls(score, control_scores, settings.direction),
-                         measured.identity_max_diff, patch_provenance(model, pair, settings, "group activation patching"))
+                         measured.identity_max_diff, patch_provenance(model, pair, settings, "group activation patching"),
+                         measured.gap)

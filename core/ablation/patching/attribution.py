@@ -11,16 +11,18 @@ compared with activation patching's (core/pipelines/patching.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator
 
 import numpy as np
 import torch
 
 from core.ablation.patching.runs import (GRADIENT_METRICS, PatchSettings, Progress, check_pair_fits, examples_per_chunk,
-                                         metric_values, patch_provenance, query_logits, z_recorders)
+                                         checked_gap, metric_values, patch_provenance, query_logits,
+                                         z_recorders)
 from core.errors import HeadLabError
-from core.model.hooks import hook_name, model_device, model_shape
+from core.model.hooks import hook_name, model_device, model_dtype, model_shape
 from core.model.memory import lean_forward
 from core.results import JsonResult
 from core.stats.patching import normalized_score
@@ -42,13 +44,33 @@ class HeadAttribution(JsonResult):
     scores: np.ndarray
     position_scores: np.ndarray
     provenance: dict
+    gap: dict = field(default_factory=dict)  # the per-example clean-corrupted gap (core.stats.patching.gap_stats)
+
+
+@contextmanager
+def float32_weights(model: Any) -> Iterator[None]:
+    """The model in float32 for the forward and backward, restored to its dtype after.
+
+    A float16 / bfloat16 backward rounds every gradient to 3 (or 2) significant digits; float32
+    weights make the first-order estimate's arithmetic float32. float16 and bfloat16 convert to
+    float32 and back exactly, so the restored weights are bit-identical (the loaded model is shared).
+    """
+    dtype = model_dtype(model)
+    if dtype == torch.float32 or dtype == torch.float64:
+        yield
+        return
+    model.to(torch.float32)
+    try:
+        yield
+    finally:
+        model.to(dtype)
 
 
 def attribution_patching(model: Any, pair: PatchPair, settings: PatchSettings = PatchSettings(),
                          progress: Progress | None = None) -> HeadAttribution:
     """Every head's estimated score from one source forward and one base forward + backward per chunk.
 
-    progress(done, total) counts examples.
+    Runs in float32 whatever the model's dtype (float32_weights). progress(done, total) counts examples.
     """
     if settings.metric not in GRADIENT_METRICS:
         raise HeadLabError(f"attribution patching needs a metric with a gradient ({', '.join(GRADIENT_METRICS)}); "
@@ -57,10 +79,10 @@ def attribution_patching(model: Any, pair: PatchPair, settings: PatchSettings = 
     n_layers, n_heads, _ = model_shape(model)
     device = model_device(model)
     effect = torch.zeros(n_layers, pair.seq_len, n_heads, dtype=torch.float64)  # summed over examples and d_head
-    sums = {"clean": 0.0, "corrupted": 0.0}
+    values_of: dict[str, list] = {"clean": [], "corrupted": []}  # per chunk [row]
     base_side, source_side = ("corrupted", "clean") if settings.direction == "denoise" else ("clean", "corrupted")
     done = 0
-    with lean_forward(model):
+    with float32_weights(model), lean_forward(model):
         for chunk in pair.chunks(examples_per_chunk(model, pair, settings, grad=True)):
             query, target = chunk.clean.query_pos.to(device), chunk.clean.target.to(device)
             other = None if chunk.corrupted_target is None else chunk.corrupted_target.to(device)
@@ -69,7 +91,7 @@ def attribution_patching(model: Any, pair: PatchPair, settings: PatchSettings = 
             source_z: dict[int, torch.Tensor] = {}
             with torch.no_grad():
                 logits_q = query_logits(model, tokens[source_side], query, z_recorders(n_layers, source_z), mask)
-                sums[source_side] += float(metric_values(logits_q, target, other, settings.metric).double().sum())
+                values_of[source_side].append(metric_values(logits_q, target, other, settings.metric).detach())
             base_z: dict[int, torch.Tensor] = {}
             leaves: dict[int, torch.Tensor] = {}
 
@@ -85,7 +107,7 @@ def attribution_patching(model: Any, pair: PatchPair, settings: PatchSettings = 
                 hooks = [(hook_name("z", layer), add_leaf(layer)) for layer in range(n_layers)]
                 values = metric_values(query_logits(model, tokens[base_side], query, hooks, mask), target, other, settings.metric)
                 grads = torch.autograd.grad(values.sum(), [leaves[layer] for layer in range(n_layers)], allow_unused=True)
-            sums[base_side] += float(values.detach().double().sum())
+            values_of[base_side].append(values.detach())
             for layer, grad in enumerate(grads):
                 if grad is not None:  # [row, pos, head, d_head]
                     step = source_z[layer].double() - base_z[layer].double()
@@ -94,6 +116,8 @@ def attribution_patching(model: Any, pair: PatchPair, settings: PatchSettings = 
             if progress is not None:
                 progress(done, pair.n_examples)
     n = pair.n_examples
+    gap = checked_gap(values_of["clean"], values_of["corrupted"], settings)
+    sums = {side: float(sum(float(v.double().sum()) for v in chunks)) for side, chunks in values_of.items()}
     clean, corrupted = sums["clean"] / n, sums["corrupted"] / n
     base = sums[base_side] / n
     per_position = (effect / n).permute(0, 2, 1).numpy()  # [layer, head, pos]: the mean metric's change
@@ -101,4 +125,5 @@ def attribution_patching(model: Any, pair: PatchPair, settings: PatchSettings = 
     position_scores = normalized_score(base + per_position, clean, corrupted)
     return HeadAttribution(settings.direction, settings.metric, clean, corrupted, scores, position_scores,
                            patch_provenance(model, pair, settings, "attribution patching",
-                                            estimate="grad . (source z - base z), summed over d_head and positions"))
+                                            estimate="grad . (source z - base z), summed over d_head and positions",
+                                            gradient_dtype="float32"), gap)

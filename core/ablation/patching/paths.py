@@ -17,14 +17,14 @@ groups as controls, need this module.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
 
-from core.ablation.patching.runs import (ChunkRuns, Hook, PatchSettings, Progress, check_pair_fits, patch_provenance,
-                                         patched_run, run_chunks)
+from core.ablation.patching.runs import (ChunkRuns, Hook, PatchSettings, Progress, check_pair_fits, checked_gap,
+                                         patch_provenance, patched_run, run_chunks)
 from core.errors import HeadLabError
 from core.heads import HeadSet
 from core.model.hooks import hook_name, mask_kwargs, model_shape
@@ -59,6 +59,7 @@ class PathPatching(JsonResult):
     stats: dict
     identity_max_diff: float
     provenance: dict
+    gap: dict = field(default_factory=dict)  # the per-example clean-corrupted gap (core.stats.patching.gap_stats)
 
 
 def check_components(components: Sequence[str] | str) -> tuple[str, ...]:
@@ -178,11 +179,12 @@ def path_patching(model: Any, pair: PatchPair, senders: HeadSet, receivers: Head
     sets = matched_random_controls(senders, n_layers, n_heads, settings.n_controls, settings.control_seed)
     groups = [senders] + list(sets)
     sums = np.zeros(len(groups))
-    clean_sum = corrupted_sum = identity = 0.0
+    clean_values, corrupted_values = [], []
+    identity = 0.0
     done, total = 0, len(groups) * pair.n_examples
     for runs in run_chunks(model, pair, settings):
-        clean_sum += float(runs.clean_values.double().sum())
-        corrupted_sum += float(runs.corrupted_values.double().sum())
+        clean_values.append(runs.clean_values)
+        corrupted_values.append(runs.corrupted_values)
         _, same = path_run(model, runs, senders, receivers, components, runs.base_z, settings.metric)
         identity = max(identity, float((same.float() - runs.base_logits.float()).abs().max()))
         for i, group in enumerate(groups):
@@ -192,10 +194,13 @@ def path_patching(model: Any, pair: PatchPair, senders: HeadSet, receivers: Head
             if progress is not None:
                 progress(done, total)
     n = pair.n_examples
-    clean, corrupted = clean_sum / n, corrupted_sum / n
+    gap = checked_gap(clean_values, corrupted_values, settings)
+    clean = float(sum(float(v.double().sum()) for v in clean_values)) / n
+    corrupted = float(sum(float(v.double().sum()) for v in corrupted_values)) / n
     scores = np.asarray(normalized_score(sums / n, clean, corrupted))
     score, control_scores = float(scores[0]), tuple(float(s) for s in scores[1:])
     return PathPatching(settings.direction, settings.metric, clean, corrupted, senders, receivers, components, score,
                         sets, control_scores, against_controls(score, control_scores, settings.direction), identity,
                         patch_provenance(model, pair, settings, "path patching (IOI method)",
-                                         route="senders' hook_z -> receivers' hook_{q,k,v}_input; other heads frozen"))
+                                         route="senders' hook_z -> receivers' hook_{q,k,v}_input; other heads frozen"),
+                        gap)

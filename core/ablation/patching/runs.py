@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from core.ablation.spec import query_metrics
+from core.stats.metrics import query_metrics
 from core.errors import HeadLabError
 from core.heads import HeadSet
 from core.model.hooks import (hook_name, mask_kwargs, model_context_length, model_device, model_dtype, model_shape,
@@ -25,7 +25,7 @@ from core.model.memory import ForwardShape, chunk_size_for, forward_bytes, lean_
 from core.results import JsonResult, provenance
 from core.stats.controls import CONTROL_KINDS
 from core.stats.inference import METRICS, canonical_metric
-from core.stats.patching import check_direction
+from core.stats.patching import check_direction, check_gap, gap_stats
 from core.tasks.counterfactual import PatchPair
 from core.tasks.probe_batch import check_seed
 
@@ -53,7 +53,8 @@ class PatchSettings(JsonResult):
     clean run); metric: "logit_diff" (default) or loss, top1, top5, target_logit; per_position:
     also patch every head at every position on its own; n_controls, controls, control_seed: the
     random head sets a patched group (or a path's senders) is compared with; batch_size: examples
-    per forward (None: as many as fit in the free memory).
+    per forward (None: as many as fit in the free memory); allow_small_gap: keep (flagged) a result
+    whose clean-corrupted gap is reversed or under 2 standard errors (core.stats.patching.check_gap).
     """
 
     direction: str = "denoise"
@@ -63,9 +64,11 @@ class PatchSettings(JsonResult):
     controls: str = "matched"
     control_seed: int = 123
     batch_size: int | None = None
+    allow_small_gap: bool = False
 
     def __post_init__(self) -> None:
         check_direction(self.direction)
+        object.__setattr__(self, "allow_small_gap", bool(self.allow_small_gap))
         object.__setattr__(self, "metric", canonical_patch_metric(self.metric))
         object.__setattr__(self, "per_position", bool(self.per_position))
         object.__setattr__(self, "n_controls", int(self.n_controls))
@@ -121,6 +124,14 @@ class ChunkRuns:
     @property
     def rows(self) -> int:
         return int(self.query.shape[0])
+
+
+def checked_gap(clean_values: Sequence[torch.Tensor], corrupted_values: Sequence[torch.Tensor],
+                settings: PatchSettings) -> dict:
+    """The per-example clean-corrupted gap over every chunk ([row] tensors each), refused or flagged by the gap rule."""
+    clean = torch.cat([v.double().cpu() for v in clean_values]).numpy()
+    corrupted = torch.cat([v.double().cpu() for v in corrupted_values]).numpy()
+    return check_gap(gap_stats(clean, corrupted, settings.metric), settings.metric, settings.allow_small_gap)
 
 
 def z_recorders(n_layers: int, store: dict[int, torch.Tensor]) -> list[Hook]:
