@@ -1,6 +1,6 @@
 """HeadLab's command line: `python -m core <command> ...`.
 
-Each command is a module of core/cli/ (core/bench/ for benchmarks) with a pair
+Each command is a module of core/cli/ (the benchmarks: core/cli/bench.py) with a pair
 `add_<name>_arguments(parser)` / `cli_<name>(args) -> dict`. This file only wires them up, writes
 `--json PATH` when asked, and turns a HeadLabError into one line on stderr and exit status 2.
 """
@@ -13,16 +13,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from core.bench import ablation as bench_ablation
-from core.bench import ising as bench_ising
-from core.bench import live as bench_live
-from core.bench import load as bench_load
-from core.bench import patch as bench_patch
-from core.bench import probe as bench_probe
-from core.bench import scale as bench_scale
-from core.bench import screen as bench_screen
-from core.bench import sweep as bench_sweep
-from core.cli import attribution, coactivation, export, models, patch, probe, proposers, recipe, replicate, zoo
+from core.cli import attribution, bench, coactivation, export, models, patch, probe, proposers, recipe, replicate, zoo
 from core.errors import HeadLabError
 from core.threads import apply_thread_policy
 from core.workspace import atomic_write_json, check_output_file
@@ -44,18 +35,6 @@ COMMANDS: dict[str, tuple[ModuleType, str, str]] = {
     "patch": (patch, "patch", "activation, attribution and path patching on clean/corrupted pairs"),
 }
 
-# bench target -> (module, function suffix, one-line help)
-BENCHES: dict[str, tuple[ModuleType, str, str]] = {
-    "probe": (bench_probe, "bench_probe", "instrumented pass vs bare forward vs three passes"),
-    "ablation": (bench_ablation, "bench_ablation", "ablation engine vs naive per-condition loop"),
-    "ising": (bench_ising, "bench_ising", "joint pseudolikelihood fit vs per-spin scikit-learn"),
-    "load": (bench_load, "bench_load", "training steps and a probe pass, alone and beside a competing process"),
-    "scale": (bench_scale, "bench_scale", "Pythia-160m shape, reference batch: instrumented pass, peak memory, ablation engine"),
-    "sweep": (bench_sweep, "bench_sweep", "probe over every checkpoint of two zoo models: serial vs Ray, one and two nodes"),
-    "patch": (bench_patch, "bench_patch", "attribution vs activation patching over every head of a zoo model"),
-    "live": (bench_live, "bench_live", "the ablation lab's click: recording its own clean run vs from the kept one"),
-    "screen": (bench_screen, "bench_screen", "the ablation lab's click in a real browser: candidate and verdict on screen"),
-}
 
 
 # the errors of a write that the machine, not the command, refused
@@ -73,11 +52,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for name, (module, suffix, help_text) in COMMANDS.items():
         _wire(sub.add_parser(name, help=help_text, description=help_text), module, suffix)
-    bench = sub.add_parser("bench", help="benchmarks that print ratios against a baseline run in the same process")
-    bench_sub = bench.add_subparsers(dest="bench", metavar="TARGET")
+    bench_parser = sub.add_parser("bench", help="benchmarks that print ratios against a baseline run in the same process")
+    bench_sub = bench_parser.add_subparsers(dest="bench", metavar="TARGET")
     bench_sub.required = True
-    for name, (module, suffix, help_text) in BENCHES.items():
-        _wire(bench_sub.add_parser(name, help=help_text, description=help_text), module, suffix)
+    for name, (add_arguments, run, help_text) in bench.BENCHES.items():
+        cmd = bench_sub.add_parser(name, help=help_text, description=help_text)
+        add_arguments(cmd)
+        cmd.set_defaults(run=bench.with_machine(run))
+        _add_json_flag(cmd)
+    all_help = "every benchmark at its defaults, one JSON each (bench-<name>.json) in --out"
+    _wire(bench_sub.add_parser("all", help=all_help, description=all_help), bench, "bench_all")
     return parser
 
 

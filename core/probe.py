@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from core.ablation.spec import query_metrics
+from core.stats.metrics import query_metrics
 from core.errors import HeadLabError
 from core.model.hooks import (_bind, hook_name, mask_kwargs, model_context_length, model_device, model_dtype,
                               model_family, model_vocab_size, router_logit_hooks)

@@ -10,9 +10,9 @@ from pages._state import require_workspace, send_to_ablation_lab
 from pages._widgets import guarded, show_figure
 
 st.title("Proposers vs disposer")
-st.caption("Four ways to propose a circuit on this checkpoint (spectral ranking, pattern screen, co-activation "
-           "community, gradient magnitude), each judged by the same closure test: the same random controls, "
-           "the same seed, both closure rules of [CVC].")
+st.caption(f"{len(PROPOSERS)} ways to propose a circuit on this checkpoint, each judged by the same closure test: the "
+           "same random controls, the same seed, both closure rules of [CVC]. "
+           + "; ".join(f"**{p.name}**: {p.summary}" for p in PROPOSERS) + ".")
 ws = require_workspace()
 
 left, mid, right = st.columns(3)
@@ -43,7 +43,7 @@ show_figure(proposers_figure(report), key="pvd_fig")
 st.dataframe(pd.DataFrame(report.rows()), hide_index=True, width="stretch")
 
 st.markdown("**Send a proposal to the ablation lab**")
-cols = st.columns(len(PROPOSERS))
+cols = st.columns(len(report.disposals))
 for col, disposal in zip(cols, report.disposals):
     heads = disposal.proposal.heads
     col.button(disposal.proposal.method, key=f"pvd_send_{disposal.proposal.method}", disabled=len(heads) == 0,

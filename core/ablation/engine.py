@@ -45,7 +45,8 @@ from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXAttention, GPT
 
 from core.ablation.clean_run import CleanRuns, Recorder, adds_attention_to_residual, fits_clean_run
 from core.ablation.replacements import Replacements, ablation_hooks, compute_replacements, replaced_hook_names
-from core.ablation.spec import PROBE_MODES, SEQUENCE_MODES, Ablation, ConditionMetrics, query_metrics
+from core.ablation.spec import PROBE_MODES, SEQUENCE_MODES, Ablation, ConditionMetrics
+from core.stats.metrics import query_metrics
 from core.errors import HeadLabError
 from core.model.hooks import head_output_weights, hook_name, mask_kwargs, model_device, model_dtype, model_shape
 from core.model.memory import ForwardShape, chunk_size_for, forward_bytes, lean_forward, memory_budget

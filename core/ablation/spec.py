@@ -1,7 +1,7 @@
-"""What to ablate and what is measured: `Ablation`, `ConditionMetrics` and `query_metrics`.
+"""What to ablate and what was measured: `Ablation` and `ConditionMetrics`.
 
-`query_metrics` is the one definition of the clean and ablated metrics at the query position; the
-instrumented pass (core/probe.py) and the ablation engine both call it, so a clean run scores the
+The metrics themselves are computed by `core.stats.metrics.query_metrics`, the one definition that
+the instrumented pass (core/probe.py) and the ablation engine both call, so a clean run scores the
 same in either. Metric names and their direction of damage are in core/stats/inference.py.
 """
 
@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
 from core.errors import HeadLabError
 from core.heads import HeadSet
@@ -140,27 +139,3 @@ class ConditionMetrics(JsonResult):
 
     def summary(self) -> dict[str, float]:
         return {name: self.mean(name) for name in METRICS}
-
-
-def _top_k(n_greater: torch.Tensor, n_tied: torch.Tensor, k: int) -> torch.Tensor:
-    """Expected top-k hit under uniform random tie-breaking: clip((k - n_greater) / n_tied, 0, 1).
-
-    n_greater, n_tied: [row] counts of logits strictly above / equal to the target's (target included).
-    Untied logits give exactly 0 or 1; a flat row over V tokens gives k / V (chance).
-    """
-    return ((k - n_greater).float() / n_tied.clamp(min=1).float()).clamp(0.0, 1.0)
-
-
-def query_metrics(logits_q: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Metrics from logits at the query position. logits_q: [row, vocab], target: [row] -> each [row] float32.
-
-    loss = logsumexp - target logit; top-k counts ties by expectation, so the score does not depend
-    on the order of the vocabulary (a fully ablated model with flat logits scores chance, not 1).
-    """
-    logits_q = logits_q.float()
-    target_logit = logits_q.gather(1, target[:, None]).squeeze(1)  # [row]
-    loss = torch.logsumexp(logits_q, dim=-1) - target_logit
-    n_greater = (logits_q > target_logit[:, None]).sum(dim=-1)  # [row]
-    n_tied = (logits_q == target_logit[:, None]).sum(dim=-1)  # [row], the target itself included
-    return {"loss": loss, "top1": _top_k(n_greater, n_tied, 1), "top5": _top_k(n_greater, n_tied, 5),
-            "target_logit": target_logit}

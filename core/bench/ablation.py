@@ -7,7 +7,6 @@ the largest metric difference (which must stay at float rounding).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
@@ -21,8 +20,8 @@ from transformers.utils import logging as hf_logging
 
 from core.ablation.clean_run import CleanRuns
 from core.ablation.engine import run_conditions
-from core.ablation.spec import Ablation, query_metrics
-from core.cli.probe import add_device_arguments
+from core.ablation.spec import Ablation
+from core.stats.metrics import query_metrics
 from core.heads import HeadSet
 from core.model.hooks import hook_name, model_shape
 from core.model.loading import DEFAULT_DTYPE, check_device, dtype_name, parse_dtype
@@ -148,26 +147,3 @@ def bench_ablation(n_examples: int = 64, seq_len: int = 64, n_controls: int = 20
         "lowest_ablated_layer": 4, "model": "GPT-NeoX 8 layers x 8 heads, d_model 256, vocab 260, random weights",
         "device": str(device), "dtype": dtype_name(dtype), "threads": torch.get_num_threads(),
     }
-
-
-def add_bench_ablation_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--n-examples", type=int, default=64, help="probe examples N (default 64)")
-    parser.add_argument("--seq-len", type=int, default=64, help="sequence length T (default 64)")
-    parser.add_argument("--controls", type=int, default=20, help="matched-random controls (default 20)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed repeats; medians are reported (default 3)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random model and batch")
-    parser.add_argument("--chunk-size", type=int, default=None, help="conditions stacked per forward (default 1 on CPU)")
-    add_device_arguments(parser)
-
-
-def cli_bench_ablation(args: argparse.Namespace) -> dict:
-    result = bench_ablation(args.n_examples, args.seq_len, args.controls, args.repeats, args.seed, args.chunk_size,
-                            args.device, args.dtype)
-    print(
-        f"ablation bench (N={result['n_examples']}, T={result['seq_len']}, {result['n_conditions']} conditions incl. clean, "
-        f"selection {result['selection']}): naive {result['naive_s']:.3f}s, engine {result['engine_s']:.3f}s, "
-        f"speedup {result['speedup']:.2f}x (CPU time: {result['speedup_cpu']:.2f}x), "
-        f"max metric diff {result['max_metric_diff']:.2e}; from a kept clean run {result['engine_kept_clean_s']:.3f}s "
-        f"({result['speedup_kept_clean_vs_engine']:.2f}x the engine, identical: {result['kept_clean_identical']})"
-    )
-    return result

@@ -7,7 +7,6 @@ for fits with a known answer.
 
 from __future__ import annotations
 
-import argparse
 import time
 from typing import Any
 
@@ -159,30 +158,3 @@ def bench_ising(n_spins: int = 256, n_samples: int = 2000, seed: int = 0, repeat
         return out
     finally:
         torch.set_num_threads(previous_threads)
-
-
-def add_bench_ising_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--n-spins", type=int, default=256, help="spins N (default 256)")
-    parser.add_argument("--n-samples", type=int, default=2000, help="Gibbs samples M (default 2000)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the planted model and the sampler")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs of the joint fit; the median is reported")
-    parser.add_argument("--lbfgs", action="store_true", help="also time one torch L-BFGS over the summed objective")
-    parser.add_argument("--coupling", type=float, nargs=2, default=(0.1, 0.3), metavar=("LOW", "HIGH"),
-                        help="range of the planted within-community |J| (default 0.1 0.3; 0.1 0.4 is a harder, partly ordered regime)")
-
-
-def cli_bench_ising(args: argparse.Namespace) -> dict:
-    r = bench_ising(args.n_spins, args.n_samples, args.seed, args.repeats, args.lbfgs, tuple(args.coupling))
-    rows = [("per-spin scikit-learn", r["sklearn_s"], r["rel_diff_J_sklearn"], r["objective_gap_sklearn"]),
-            ("joint, 2 torch threads", r["joint_s"], r["rel_diff_J"], r["objective_gap_joint"]),
-            ("joint, 1 torch thread", r["joint_s_1thread"], r["rel_diff_J_1thread"], r["objective_gap_joint_1thread"])]
-    if "lbfgs_s" in r:
-        rows.append(("joint torch L-BFGS", r["lbfgs_s"], r["rel_diff_J_lbfgs"], r["objective_gap_lbfgs"]))
-    print(f"ising bench: N={r['n_spins']} spins, M={r['n_samples']} Gibbs samples, C={r['C']:g}")
-    print(f"{'fit':<26}{'time s':>10}{'rel diff J':>14}{'objective gap':>16}")
-    for name, t, d, g in rows:
-        print(f"{name:<26}{t:>10.3f}{d:>14.2e}{g:>16.2e}")
-    print(f"speedup {r['speedup']:.1f}x with 2 torch threads, {r['speedup_1thread']:.1f}x with 1 "
-          f"(CPU time, 1 thread: {r['sklearn_cpu_s'] / r['joint_cpu_s_1thread']:.1f}x); "
-          f"tight solution: exact Newton from the scikit-learn fit, {r['tight_s']:.1f}s")
-    return r

@@ -11,7 +11,6 @@ and whether both give the same numbers. These are the study's times, not the bro
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
@@ -21,7 +20,6 @@ import torch
 from core.ablation.clean_run import CleanRuns
 from core.ablation.engine import run_conditions
 from core.ablation.study import AblationSettings, ablation_study
-from core.cli.probe import add_device_arguments
 from core.heads import parse_heads
 from core.model.hooks import model_shape
 from core.model.loading import DEFAULT_DTYPE, dtype_name, load_model
@@ -82,27 +80,3 @@ def bench_live(model: str = "induction-neox", revision: str | None = None, heads
         "n_examples": n_examples, "seq_len": seq_len, "repeats": int(repeats), "threads": torch.get_num_threads(),
         "device": str(device), "dtype": dtype_name(dtype),
     }
-
-
-def add_bench_live_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="induction-neox", help="zoo model (default induction-neox)")
-    parser.add_argument("--revision", default=None, help="checkpoint (default: the final one)")
-    parser.add_argument("--heads", default="L1H1,L1H3,L1H6", help="the heads ablated (default L1H1,L1H3,L1H6)")
-    parser.add_argument("--controls", type=int, default=20, help="matched-random controls (default 20)")
-    parser.add_argument("--n-examples", type=int, default=256, help="probe examples N (default 256)")
-    parser.add_argument("--seq-len", type=int, default=64, help="sequence length T (default 64)")
-    parser.add_argument("--repeats", type=int, default=4, help="timed repeats; medians are reported (default 4)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the lab's choice at a click)")
-    add_device_arguments(parser)
-
-
-def cli_bench_live(args: argparse.Namespace) -> dict:
-    result = bench_live(args.model, args.revision, args.heads, args.controls, args.n_examples, args.seq_len,
-                        args.repeats, args.threads, args.device, args.dtype)
-    own, kept = result["median_s"]["own_clean_run"], result["median_s"]["kept_clean_run"]
-    print(f"live bench ({result['model']} {result['revision']}, {result['selection']} vs {result['n_controls']} matched "
-          f"+ upper bound, N={result['n_examples']}, T={result['seq_len']}, {result['threads']} threads): "
-          f"own clean run: candidate {own['candidate']:.2f}s, verdict {own['verdict']:.2f}s; kept clean run: "
-          f"candidate {kept['candidate']:.2f}s, verdict {kept['verdict']:.2f}s "
-          f"({result['speedup_verdict_kept_vs_own']:.2f}x); identical: {result['identical']}")
-    return result

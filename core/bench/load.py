@@ -14,7 +14,6 @@ seconds (medians); the `fixed_threads_*` fields are the old setting's.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -183,28 +182,3 @@ def bench_load(steps: int = 40, repeats: int = 3, n_examples: int = 256, seq_len
         "env": {k: os.environ.get(k) for k in (THREADS_ENV, "OMP_NUM_THREADS", "OMP_WAIT_POLICY")},
     }
     return result
-
-
-def add_bench_load_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=40, help="training steps per measurement (default 40)")
-    parser.add_argument("--repeats", type=int, default=3, help="repeats of the whole sequence; medians are reported (default 3)")
-    parser.add_argument("--n", type=int, default=256, help="probe sequences N (default 256, the app's default)")
-    parser.add_argument("--seq-len", type=int, default=64, help="probe length T (default 64)")
-
-
-def cli_bench_load(args: argparse.Namespace) -> dict:
-    """`python -m core bench load`: print the slowdowns and return the numbers (the CLI writes --json)."""
-    r = bench_load(args.steps, args.repeats, args.n, args.seq_len)
-    print(f"bench load: {r['steps']} training steps and one probe pass (N={r['probe_n_examples']}, "
-          f"T={r['probe_seq_len']}), alone and beside one busy loop; {r['cpu_count']} CPUs, medians of {r['repeats']}; "
-          f"load average before {r['load_average_before'][0]}; other work seen alone: "
-          f"{r['other_work_cpus_alone_per_repeat']} CPUs")
-    for work in ("training", "probe"):
-        print(f"  {work:<9} policy ({r['threads_alone']} -> {r['threads_loaded']} threads): "
-              f"{r[f'{work}_alone_s']:.2f} s alone, {r[f'{work}_loaded_s']:.2f} s loaded, "
-              f"slowdown {r[f'slowdown_{work}']:.2f}x (target <= 2x)")
-        print(f"  {'':<9} old setting ({r['fixed_threads']} threads, spin-wait): "
-              f"{r[f'fixed_threads_{work}_alone_s']:.2f} s alone, {r[f'fixed_threads_{work}_loaded_s']:.2f} s loaded, "
-              f"slowdown {r[f'fixed_threads_slowdown_{work}']:.2f}x; the policy is "
-              f"{r[f'policy_speedup_loaded_{work}']:.2f}x faster under load")
-    return r

@@ -8,12 +8,10 @@ one backward per chunk). It reports the speed-up and the Spearman rank agreement
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 from core.ablation.patching import PatchSettings, activation_patching, attribution_patching
-from core.cli.probe import add_device_arguments
 from core.model.hooks import model_shape
 from core.model.loading import DEFAULT_DTYPE, dtype_name, load_model
 from core.model.refs import ModelRef, resolve_checkpoint
@@ -29,7 +27,7 @@ def bench_patch(model: str = "induction-neox", revision: str | None = None, n_ex
     checkpoint = resolve_checkpoint(ref, revision)
     loaded = load_model(ref, checkpoint.revision, device=device, dtype=dtype)
     pair = InductionCounterfactualSpec(probe_spec("induction", n_examples, seq_len)).build()
-    settings = PatchSettings()
+    settings = PatchSettings(allow_small_gap=True)  # a timing and rank-agreement bench, not a verdict: any gap will do
     times: dict[str, list[float]] = {"activation": [], "attribution": [], "activation_cpu": [], "attribution_cpu": []}
     for _ in range(int(repeats)):
         for name, method in (("activation", activation_patching), ("attribution", attribution_patching)):
@@ -56,22 +54,3 @@ def bench_patch(model: str = "induction-neox", revision: str | None = None, n_ex
         "n_examples": n_examples, "seq_len": seq_len, "repeats": int(repeats), "metric": settings.metric,
         "direction": settings.direction, "device": str(device), "dtype": dtype_name(dtype),
     }
-
-
-def add_bench_patch_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="induction-neox", help="zoo model (default induction-neox)")
-    parser.add_argument("--revision", default=None, help="checkpoint (default: the final one)")
-    parser.add_argument("--n-examples", type=int, default=256, help="pairs N (default 256)")
-    parser.add_argument("--seq-len", type=int, default=64, help="sequence length T (default 64)")
-    parser.add_argument("--repeats", type=int, default=1, help="timed repeats; medians are reported (default 1)")
-    add_device_arguments(parser)
-
-
-def cli_bench_patch(args: argparse.Namespace) -> dict:
-    result = bench_patch(args.model, args.revision, args.n_examples, args.seq_len, args.repeats, args.device, args.dtype)
-    rho = "undefined" if result["spearman"] is None else f"{result['spearman']:.3f}"
-    print(f"patch bench ({result['model']} {result['revision']}, N={result['n_examples']}, T={result['seq_len']}, "
-          f"{result['n_heads_total']} heads): activation {result['activation_s']:.2f}s, attribution "
-          f"{result['attribution_s']:.2f}s, speedup {result['speedup_attribution_vs_activation']:.1f}x "
-          f"(CPU time {result['speedup_cpu']:.1f}x), Spearman {rho}")
-    return result

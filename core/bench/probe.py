@@ -8,20 +8,18 @@ the one pass.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from typing import Optional
 
 import torch
 
-from core.cli.probe import add_device_arguments
-from core.model.hooks import _bind, hook_name, model_dtype, model_vocab_size
+from core.model.hooks import _bind, hook_name, model_dtype
 from core.model.loading import DEFAULT_DTYPE, dtype_name, load_model
 from core.model.memory import lean_forward
 from core.model.refs import ModelRef
 from core.probe import collect_head_stats, gather_query_rows, pattern_summaries, summary_weights
-from core.tasks import PATTERNS, InductionProbeSpec
+from core.tasks import PATTERNS
 
 
 def _chunked(batch, chunk_size: int, device):
@@ -142,40 +140,6 @@ def bench_probe(model, batch, repeats: int = 5, chunk_size: int = 64, device="cp
     }
 
 
-def add_bench_probe_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="induction-neox",
-                        help="zoo name, local Hugging Face folder or hub name (default: the quick zoo induction model)")
-    parser.add_argument("--revision", default=None, help="checkpoint revision (default: the final one)")
-    parser.add_argument("--n", type=int, default=256, help="probe sequences (default 256)")
-    parser.add_argument("--seq-len", type=int, default=64, help="probe length T (default 64)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed repeats; medians are reported (default 5)")
-    parser.add_argument("--chunk-size", type=int, default=64, help="examples per forward (default 64)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (default 1: on shared CPUs more threads make the ratios noisy)")
-    add_device_arguments(parser)
-
-
 def load_bench_model(text: str, revision: Optional[str] = None, device: str = "cpu", dtype: str = DEFAULT_DTYPE):
     """A zoo name / local folder / hub name, loaded as HeadLab loads every model."""
     return load_model(ModelRef.parse(text), revision, device=device, dtype=dtype)
-
-
-def cli_bench_probe(args: argparse.Namespace) -> dict:
-    """`python -m core bench probe`: print the timing table and return it (the CLI writes --json)."""
-    torch.set_num_threads(int(args.threads))
-    model = load_bench_model(args.model, args.revision, args.device, args.dtype)
-    vocab = model_vocab_size(model)
-    spec = InductionProbeSpec(n_examples=args.n, seq_len=args.seq_len, token_low=0,
-                              token_high=min(256, vocab), seed=42)
-    batch = spec.build()
-    result = bench_probe(model, batch, repeats=args.repeats, chunk_size=args.chunk_size, device=args.device)
-    result["model"] = str(args.model)
-    print(f"probe N={result['n_examples']} T={result['seq_len']} chunk={result['chunk_size']} "
-          f"model {args.model} ({result['n_layers']} layers x {result['n_heads']} heads, d_model {result['d_model']}; "
-          f"{result['dtype']} on {result['device']}); medians of {result['repeats']}")
-    print(f"  {'bare forward':<28}{result['bare_s']:9.4f} s")
-    print(f"  {'instrumented (one pass)':<28}{result['instrumented_s']:9.4f} s   "
-          f"{result['overhead_ratio']:.2f}x bare (target <= 1.5x)")
-    print(f"  {'three reference passes':<28}{result['three_pass_s']:9.4f} s   "
-          f"instrumented is {result['speedup_vs_three_pass']:.2f}x faster (target >= 2x)")
-    return result

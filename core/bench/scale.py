@@ -15,7 +15,6 @@ down (the JSON says which N was used); on a GPU run it at the full N with `--dev
 
 from __future__ import annotations
 
-import argparse
 import resource
 import sys
 
@@ -23,7 +22,6 @@ import torch
 
 from core.bench.ablation import matched_conditions, random_bridge, time_conditions
 from core.bench.probe import bench_probe
-from core.cli.probe import add_device_arguments
 from core.heads import HeadSet
 from core.model.hooks import model_dtype, model_shape
 from core.model.loading import dtype_name
@@ -74,27 +72,3 @@ def bench_scale(n_examples: int, shape: str = "pythia-160m", repeats: int = 1, c
         "ablation_speedup": ablation["speedup"], "ablation_max_metric_diff": ablation["max_metric_diff"],
         "ablation_conditions": ablation["n_conditions"], "selection": str(selection), "ablation_notes": ablation["notes"],
     }
-
-
-def add_bench_scale_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--n", type=int, default=None,
-                        help="probe sequences, the first N of the reference batch (default: 2000 on CUDA, 16 on the CPU)")
-    parser.add_argument("--shape", choices=sorted(PYTHIA_SHAPES), default="pythia-160m", help="published architecture")
-    parser.add_argument("--repeats", type=int, default=1, help="timed repeats; medians are reported (default 1)")
-    parser.add_argument("--chunk-size", type=int, default=16, help="probe examples per forward (default 16)")
-    parser.add_argument("--controls", type=int, default=20, help="matched-random draws (default 20)")
-    add_device_arguments(parser)
-
-
-def cli_bench_scale(args: argparse.Namespace) -> dict:
-    n = args.n or (2000 if args.device.startswith("cuda") else 16)
-    r = bench_scale(n, args.shape, args.repeats, args.chunk_size, args.controls, args.device, args.dtype)
-    print(f"scale bench: {r['shape']} ({r['n_layers']} x {r['n_heads']} heads, d_model {r['d_model']}, vocab {r['vocab']}), "
-          f"reference batch N={r['n_examples']} of {r['reference_n_examples']}, T={r['seq_len']}; {r['dtype']} on {r['device']}")
-    print(f"  bare forward {r['bare_s']:.2f} s, instrumented {r['instrumented_s']:.2f} s: "
-          f"{r['instrumented_over_bare']:.2f}x bare (target <= 1.3x)")
-    print(f"  ablation, {r['ablation_conditions']} conditions: naive {r['ablation_naive_s']:.2f} s, "
-          f"engine {r['ablation_engine_s']:.2f} s: {r['ablation_speedup']:.2f}x (target >= 2x); "
-          f"max metric difference {r['ablation_max_metric_diff']:.1e}")
-    print(f"  peak memory {r['peak_memory_bytes'] / 2**30:.2f} GiB")
-    return r

@@ -12,7 +12,6 @@ within 1 s, verdict within 3 s). `bench live` times the study alone, in one proc
 
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 import statistics
@@ -145,23 +144,3 @@ def bench_screen(model: str = "induction-neox", revision: str | None = None, hea
         "model": ref.name, "revision": checkpoint.revision, "heads": heads, "clicks": int(clicks),
         "n_examples": int(n_examples), "seq_len": int(seq_len), "cpus": os.cpu_count(),
     }
-
-
-def add_bench_screen_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="induction-neox", help="zoo model (default induction-neox)")
-    parser.add_argument("--revision", default=None, help="checkpoint (default: the final one)")
-    parser.add_argument("--heads", default="L1H1,L1H3,L1H6", help="the heads ablated (default L1H1,L1H3,L1H6)")
-    parser.add_argument("--clicks", type=int, default=8, help="clicks, each a fresh study (default 8)")
-    parser.add_argument("--n-examples", type=int, default=256, help="probe examples N (default 256)")
-    parser.add_argument("--seq-len", type=int, default=64, help="sequence length T (default 64)")
-
-
-def cli_bench_screen(args: argparse.Namespace) -> dict:
-    result = bench_screen(args.model, args.revision, args.heads, args.clicks, args.n_examples, args.seq_len)
-    median = result["median_s"]
-    print(f"screen bench ({result['model']} {result['revision']}, {result['heads']} vs 20 matched + upper bound, "
-          f"N={result['n_examples']}, T={result['seq_len']}, {result['clicks']} clicks): candidate median "
-          f"{median['candidate']:.2f}s (max {max(result['candidate_s']):.2f}s, target {TARGET_CANDIDATE_S:.0f}s), "
-          f"verdict median {median['verdict']:.2f}s (max {max(result['verdict_s']):.2f}s, target "
-          f"{TARGET_VERDICT_S:.0f}s); every click within the targets: {result['all_within_targets']}")
-    return result

@@ -15,7 +15,6 @@ already run a sweep. `speedup_ray_vs_serial` = serial seconds at 1 thread / Ray 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import shutil
@@ -127,23 +126,3 @@ def bench_sweep(models: Sequence[str] = DEFAULT_MODELS, cpus: int = 2, with_clus
             ray.shutdown()
             cluster.shutdown()
     return out
-
-
-def add_bench_sweep_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), help="zoo models whose checkpoints are swept")
-    parser.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray instance (default 2)")
-    parser.add_argument("--no-cluster", action="store_true", help="skip the simulated two-node cluster")
-
-
-def cli_bench_sweep(args: argparse.Namespace) -> dict:
-    r = bench_sweep(args.models, args.cpus, not args.no_cluster)
-    print(f"sweep bench: {r['checkpoints']} checkpoints of {', '.join(r['models'])}, cold cache, default zoo probe")
-    print(f"  serial (1 thread per task) {r['serial_s']:.1f} s; serial ({r['process_threads']} threads) "
-          f"{r['serial_own_threads_s']:.1f} s")
-    print(f"  ray, {r['cpus']} workers x 1 thread: {r['ray_s']:.1f} s (start-up {r['ray_startup_s']:.1f} s apart): "
-          f"{r['speedup_ray_vs_serial']:.2f}x serial (target >= 1.6), {r['speedup_ray_vs_serial_own_threads']:.2f}x "
-          f"serial at {r['process_threads']} threads; identical: {r['identical']}")
-    if "cluster_s" in r:
-        print(f"  two-node cluster ({r['cluster_nodes']} nodes x 1 CPU): {r['cluster_s']:.1f} s: "
-              f"{r['speedup_cluster_vs_serial']:.2f}x serial; identical: {r['cluster_identical']}")
-    return r

@@ -10,10 +10,12 @@ from core.ablation.spec import PROBE_MODES, mode_help
 from core.cli.backend import add_backend_arguments, executor_from_args
 from core.cli.probe import add_probe_spec_arguments, probe_spec_from_args, seed_arg
 from core.model.refs import ModelRef
-from core.pipelines.proposers import DEFAULT_CONTROLS, DISPOSER, proposers_vs_disposer
+from core.pipelines.proposers import DEFAULT_CONTROLS, DISPOSER, PROPOSERS, proposers_vs_disposer
 
 
 def add_proposers_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (f"{parser.description or ''} Proposers: "
+                          + "; ".join(f"{p.name}: {p.summary}" for p in PROPOSERS) + ".")
     parser.add_argument("model", help="zoo name, local Hugging Face folder, or hub name")
     parser.add_argument("--revision", default=None, help="checkpoint (default: the final one)")
     add_probe_spec_arguments(parser)

@@ -1,6 +1,8 @@
 """Proposers vs disposer: four ways to propose a circuit, one closure test to judge them all.
 
-Each method proposes a head set on the same model, checkpoint and probe batch:
+Each method proposes a head set on the same model, checkpoint and probe batch. `PROPOSERS` is the one
+registry of them (name, summary, function of `ProposalInputs`), read by the command line, the page and
+the report; a new proposer is one entry there.
 
 - "spectral":      the top heads by PR-integral (Step 1 of [SPC]);
 - "pattern screen": the heads at or above the induction membership threshold (Step 2 of [SPC]);
@@ -36,7 +38,6 @@ from core.pipelines.coactivation import CoactivationSettings, coactivation
 from core.pipelines.recipe import screen
 from core.results import JsonResult
 
-PROPOSERS = ("spectral", "pattern screen", "co-activation", "gradient")
 DEFAULT_CONTROLS = 20
 # The one closure test every proposal gets: any-layer controls (the proposals sit in different layers),
 # no upper bound, a short bootstrap (the verdicts read z and the control range, not the interval).
@@ -191,6 +192,48 @@ def coactivation_proposal(ref: Any, revision: str, spec: Any, device: str = "cpu
 
 
 # ---------------------------------------------------------------------------------------------
+# The registry: the one list of proposers the command line, the page and the report read
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProposalInputs:
+    """What every proposer may read, computed once per run: the screen report (recipe.ScreenReport), the
+    probe-loss gradient per head ([layer, head] float), the proposal size and where the model runs."""
+
+    ref: Any
+    revision: str
+    spec: Any
+    size: int
+    screen_report: Any
+    gradient: np.ndarray
+    device: str = "cpu"
+    dtype: str = DEFAULT_DTYPE
+
+
+@dataclass(frozen=True)
+class Proposer:
+    """One way to propose a circuit: its name (shown everywhere), one line on what it ranks, and the function."""
+
+    name: str
+    summary: str
+    propose: Callable[[ProposalInputs], CircuitProposal]
+
+
+PROPOSERS: tuple[Proposer, ...] = (
+    Proposer("spectral", "top heads by PR-integral over training [SPC Step 1]",
+             lambda x: spectral_proposal(x.screen_report, x.size)),
+    Proposer("pattern screen", "heads at or above the induction membership threshold [SPC Step 2]",
+             lambda x: screen_proposal(x.screen_report)),
+    Proposer("co-activation", "the candidate Ising community [CVC]",
+             lambda x: coactivation_proposal(x.ref, x.revision, x.spec, device=x.device, dtype=x.dtype)),
+    Proposer("gradient", "top heads by probe-loss gradient norm [HHG]",
+             lambda x: gradient_proposal(x.gradient, x.size)),
+)
+PROPOSER_NAMES = tuple(proposer.name for proposer in PROPOSERS)
+
+
+# ---------------------------------------------------------------------------------------------
 # The disposer
 # ---------------------------------------------------------------------------------------------
 
@@ -230,10 +273,11 @@ def proposers_vs_disposer(ref: Any, revision: Optional[str], spec: Any, size: Op
     hf = load_hf_model(ref, checkpoint.revision, device=device, dtype=dtype)
     grad = probe_gradient_magnitudes(hf, batch.tokens, batch.query_pos, batch.target)
     del hf
-    say("co-activation community")
-    proposals = [spectral_proposal(report, size), screen_prop,
-                 coactivation_proposal(ref, checkpoint.revision, spec, device=device, dtype=dtype),
-                 gradient_proposal(grad, size)]
+    inputs = ProposalInputs(ref, checkpoint.revision, spec, int(size), report, grad, device, dtype)
+    proposals = []
+    for proposer in PROPOSERS:
+        say(f"{proposer.name} proposal")
+        proposals.append(proposer.propose(inputs))
     model = load_model(ref, checkpoint.revision, device=device, dtype=dtype)
     disposals = []
     for proposal in proposals:

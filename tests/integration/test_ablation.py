@@ -23,7 +23,8 @@ import core.ablation.engine as ablation_module
 from core.ablation.clean_run import CleanRuns, clean_block_kwargs
 from core.ablation.engine import AblationCancelled, ablated_logits_fn, greedy_exact_match, run_conditions
 from core.ablation.replacements import Replacements, compute_replacements
-from core.ablation.spec import Ablation, query_metrics
+from core.ablation.spec import Ablation
+from core.stats.metrics import query_metrics
 from core.ablation.study import AblationResult, AblationSettings, ablation_study
 from core.bench.live import bench_live
 from core.errors import HeadLabError

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from core.ablation.engine import ablated_logits_fn, run_conditions
-from core.ablation.spec import Ablation, query_metrics
+from core.ablation.spec import Ablation
+from core.stats.metrics import query_metrics
 from core.heads import HeadSet
 from core.model.hooks import hook_name, model_shape
 from core.model.loading import load_model

@@ -16,7 +16,8 @@ import torch
 
 import core.ablation.engine
 import core.probe
-from core.ablation.spec import Ablation, ConditionMetrics, query_metrics
+from core.ablation.spec import Ablation, ConditionMetrics
+from core.stats.metrics import query_metrics
 from core.heads import HeadSet
 
 

@@ -88,7 +88,7 @@ def metric_values(logits_q: torch.Tensor, target: torch.Tensor, other_target: to
     """Per-example metric at the query position: logits_q [row, vocab], target [row] -> [row] float32.
 
     "logit_diff": the target's logit minus other_target's (the corrupted answer); the target logit
-    alone when the pair has no other answer. Any other metric: core.ablation.spec.query_metrics.
+    alone when the pair has no other answer. Any other metric: core.stats.metrics.query_metrics.
     """
     if metric != "logit_diff":
         return query_metrics(logits_q, target)[metric]
