@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-from tqdm import tqdm
 
+from core.executor import ProgressBar
 from core.ablation.patching import PATCH_METRICS, PatchSettings
 from core.cli.probe import add_probe_file_arguments, add_probe_spec_arguments, probe_spec_from_args
 from core.errors import HeadLabError
@@ -16,7 +16,7 @@ from core.model.loading import load_config
 from core.model.refs import ModelRef, resolve_checkpoint
 from core.pipelines.patching import PatchingReport, PatchPlan, patch_model
 from core.stats.controls import CONTROL_KINDS
-from core.stats.inference import format_z
+from core.stats.inference import format_rank_z
 from core.stats.patching import DIRECTIONS
 from core.tasks.counterfactual import InductionCounterfactualSpec
 from core.tasks.probe_file import read_probe_file
@@ -44,6 +44,9 @@ def add_patch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-attribution", action="store_true", help="skip attribution patching")
     parser.add_argument("--corrupt-seed", type=int, default=0, help="seed of the corrupted earlier A (default 0)")
     parser.add_argument("--batch-size", type=int, default=None, help="examples per forward (default: as many as fit)")
+    parser.add_argument("--allow-small-gap", action="store_true",
+                        help="keep (flagged) a result whose clean-corrupted gap is reversed or under 2 standard errors "
+                             "of the per-example gaps (refused by default: the scores would divide by noise)")
     add_probe_file_arguments(parser, "prompt, target, corrupted_prompt, optional corrupted_target, query_pos")
     add_probe_spec_arguments(parser)
 
@@ -61,7 +64,7 @@ def cli_patch(args: argparse.Namespace) -> dict:
     shape = (config.num_hidden_layers, config.num_attention_heads)
     settings = PatchSettings(direction=args.direction, metric=args.metric, per_position=args.per_position,
                              n_controls=args.controls, controls=args.control_kind, control_seed=args.control_seed,
-                             batch_size=args.batch_size)
+                             batch_size=args.batch_size, allow_small_gap=args.allow_small_gap)
     plan = PatchPlan(attribution=not args.no_attribution, group=_heads(args.heads, *shape),
                      senders=_heads(args.senders, *shape), receivers=_heads(args.receivers, *shape), components=args.component)
     if args.probe_file is not None:
@@ -74,7 +77,7 @@ def cli_patch(args: argparse.Namespace) -> dict:
         if bar["stage"] != stage:
             if bar["tqdm"] is not None:
                 bar["tqdm"].close()
-            bar["stage"], bar["tqdm"] = stage, tqdm(total=total, unit="example", desc=f"{stage} patching")
+            bar["stage"], bar["tqdm"] = stage, ProgressBar(total=total, unit="example", desc=f"{stage} patching")
         bar["tqdm"].n = done
         bar["tqdm"].refresh()
 
@@ -95,6 +98,8 @@ def report_lines(report: PatchingReport, top: int = 8) -> list[str]:
     lines = [f"{report.model} {report.revision}: {act.direction} patching, {act.metric} clean {act.clean_value:.4g}, "
              f"corrupted {act.corrupted_value:.4g} ({scale})",
              f"identity check (base run patched with itself): max logit change {act.identity_max_diff:.2e}"]
+    if act.gap:
+        lines.append(gap_line(act.gap))
     n_heads = act.scores.shape[1]
     effect = act.scores if act.direction == "denoise" else 1.0 - act.scores
     order = np.argsort(-effect, axis=None, kind="stable")[:top]
@@ -104,12 +109,27 @@ def report_lines(report: PatchingReport, top: int = 8) -> list[str]:
         lines.append(f"attribution vs activation patching over every head: Spearman {rho}")
     if report.group is not None:
         g = report.group
-        lines.append(f"group {g.selection}: score {g.score:.3f}; {len(g.control_scores)} {g.control_sets.kind} controls "
-                     f"{g.stats['control_mean']:.3f} +- {g.stats['control_std']:.3f} (z {format_z(g.stats['z'])}, p {g.stats['p']:.3g}); "
+        lines.append(f"group {g.selection}: score {g.score:.3f}; {_against(g.stats, g.control_scores)}; "
+                     f"{g.control_sets.kind} controls {g.stats['control_mean']:.3f} +- {g.stats['control_std']:.3f}; "
                      f"every head of its layers {g.upper_bound_score:.3f}")
     lines += [f"note: {note}" for note in report.notes]
     if report.path is not None:
         p = report.path
-        lines.append(f"path {p.senders} -> {p.receivers} ({','.join(p.components)}): score {p.score:.3f}; random senders "
-                     f"{p.stats['control_mean']:.3f} +- {p.stats['control_std']:.3f} (z {format_z(p.stats['z'])}, p {p.stats['p']:.3g})")
+        lines.append(f"path {p.senders} -> {p.receivers} ({','.join(p.components)}): score {p.score:.3f}; "
+                     f"{_against(p.stats, p.control_scores)}; random senders "
+                     f"{p.stats['control_mean']:.3f} +- {p.stats['control_std']:.3f}")
     return lines
+
+
+def gap_line(gap: dict) -> str:
+    """The clean-corrupted gap and its per-example spread, flagged when the user forced a gap the rule refuses."""
+    sd = "n/a (one example)" if gap["gap_sd"] is None else f"{gap['gap_sd']:.4g}"
+    se = "n/a" if gap["gap_se"] is None else f"{gap['gap_se']:.4g}"
+    line = (f"clean-corrupted gap {gap['gap_mean']:+.4g} over {gap['n_examples']} examples "
+            f"(per-example sd {sd}, se {se}; the rule asks for a positive gap of at least 2 se)")
+    return line + (f"; WARNING {gap['gap_note']}" if gap.get("gap_note") else "")
+
+
+def _against(stats: dict, control_scores: tuple) -> str:
+    """Rank and p first, z with its controls and sd convention (older results lack n_controls: counted here)."""
+    return format_rank_z(stats["rank"], stats["p"], stats.get("n_controls", len(control_scores)), stats["z"])

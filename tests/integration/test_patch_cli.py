@@ -48,7 +48,7 @@ def pair():
 
 
 def test_bridge_identity_check_and_attribution_shapes(bridge, pair):
-    settings = PatchSettings(metric="target_logit", batch_size=4)
+    settings = PatchSettings(allow_small_gap=True, metric="target_logit", batch_size=4)
     act = activation_patching(bridge, pair, settings)
     assert act.identity_max_diff == 0.0 and act.scores.shape == (2, 4)
     att = attribution_patching(bridge, pair, settings)
@@ -71,7 +71,7 @@ def test_path_patching_matches_transformer_lens_direct_path(bridge, pair, compon
     _, corrupted_cache = bridge.run_with_cache(pair.corrupted_tokens)
     theirs = get_act_patch_direct_path(bridge, pair.corrupted_tokens, clean_cache, corrupted_cache, mean_target_logit,
                                        src_layer=0, src_head=2, component=component, verbose=False)
-    settings = PatchSettings(metric="target_logit", batch_size=8, n_controls=1)
+    settings = PatchSettings(allow_small_gap=True, metric="target_logit", batch_size=8, n_controls=1)
     effects = []
     for receiver in range(4):
         ours = path_patching(bridge, pair, HeadSet(((0, 2),)), HeadSet(((1, receiver),)), component, settings)
@@ -88,9 +88,13 @@ def test_cli_patch_end_to_end(tmp_path, monkeypatch, capsys):
     out = tmp_path / "patch.json"
     argv = ["patch", MODEL, "--n", "8", "--seq-len", "16", "--metric", "target_logit", "--heads", "L1H0,L1H2",
             "--controls", "3", "--senders", "L0H1", "--receivers", "L1H0,L1H2", "--component", "q,k", "--json", str(out)]
-    assert main(argv) == 0
+    assert main(argv) == 2 and not out.exists()  # a random model: its clean-corrupted gap is noise, refused
+    assert "more pairs, another metric" in capsys.readouterr().err
+    assert main(argv + ["--allow-small-gap"]) == 0
     printed = capsys.readouterr().out
     assert "identity check" in printed and "max logit change 0.00e+00" in printed and "Spearman" in printed
+    assert "clean-corrupted gap" in printed and "WARNING forced" in printed and "per-example sd" in printed
+    assert "rank " in printed and "1 control, population sd (ddof=0)" in printed and "z unreliable" in printed
     report = PatchingReport.from_json(json.loads(out.read_text()))
     assert report.model == MODEL and report.revision == "step000000"
     assert report.activation.scores.shape == (2, 4) and report.attribution is not None
@@ -124,7 +128,7 @@ def test_probe_file_padding_is_masked_on_the_bridge(bridge):
     for side in PADDING_SIDES:
         pair = read_probe_file(data, padding=side).build(byte_tokenizer(add_bos=True), 64)
         assert int(pair.attention_mask.sum()) == 30 + 22 and pair.seq_len == 30
-        result = activation_patching(bridge, pair, PatchSettings(metric="target_logit"))
+        result = activation_patching(bridge, pair, PatchSettings(allow_small_gap=True, metric="target_logit"))
         assert result.identity_max_diff == 0.0
         scores[side] = result.scores
     np.testing.assert_allclose(scores["left"], scores["right"], atol=1e-4)
@@ -134,7 +138,8 @@ def test_cli_patch_on_the_example_probe_file(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HEADLAB_HOME", str(tmp_path / "home"))
     make_fake_zoo(zoo_dir(), MODEL, "gpt_neox", steps=(0,))
     out = tmp_path / "patch.json"
-    assert main(["patch", MODEL, "--probe-file", str(EXAMPLE_PROBES), "--no-attribution", "--json", str(out)]) == 0
+    assert main(["patch", MODEL, "--probe-file", str(EXAMPLE_PROBES), "--no-attribution", "--allow-small-gap",
+                 "--json", str(out)]) == 0
     assert "8 of 8 targets have several tokens" in capsys.readouterr().out
     report = PatchingReport.from_json(json.loads(out.read_text()))
     pair_spec = report.provenance["pair_spec"]
