@@ -27,8 +27,9 @@ from core.model.loading import dtype_name
 from core.results import JsonResult
 from core.stats.controls import (CONTROL_KINDS, ControlSets, check_selection, any_layer_random_controls,
                                  matched_random_controls, upper_bound)
-from core.stats.inference import (DAMAGE_SIGN, METRICS, Verdict, bootstrap_ci, canonical_metric, closure_verdict,
-                                  empirical_rank_p, is_damaging, recipe_verdict, z_score)
+from core.stats.inference import (DAMAGE_SIGN, METRICS, MIN_RELIABLE_Z_CONTROLS, Verdict, below_minimum, bootstrap_ci,
+                                  canonical_metric, closure_verdict, empirical_rank_p, is_damaging, recipe_verdict,
+                                  z_score)
 
 CANDIDATE, UPPER_BOUND = "candidate", "upper bound"  # condition labels (a control's: "control {i}")
 # on_condition(index, metrics, clean): index into study_conditions' list (0 the candidate, then the
@@ -130,7 +131,8 @@ def condition_stats(
             arr = np.asarray(ctrl)
             rp = empirical_rank_p(cand_mean, ctrl, DAMAGE_SIGN[metric])
             entry.update(control_mean=float(arr.mean()), control_std=float(arr.std(ddof=0)),
-                         z=z_score(cand_mean, ctrl), rank=rp.rank, p=rp.p)
+                         z=z_score(cand_mean, ctrl), rank=rp.rank, p=rp.p, n_controls=len(ctrl),
+                         z_reliable=len(ctrl) >= MIN_RELIABLE_Z_CONTROLS)
         out[metric] = entry
     return out
 
@@ -220,6 +222,7 @@ def assemble_study(settings: AblationSettings, sets: ControlSets, clean: Conditi
     else:
         verdicts["closure_paper"] = closure_verdict(cand_d, ctrl_d, "paper", headline, s.z_threshold)
         verdicts["closure_reference"] = closure_verdict(cand_d, ctrl_d, "reference", headline, s.z_threshold)
+    verdicts = {name: below_minimum(v, clean.n_examples) for name, v in verdicts.items()}
     if s.mode != "zero":
         notes.append(f"{s.mode} ablation: each head output {MODE_HELP[s.mode]} (clean run).")
     provenance = {
@@ -256,8 +259,8 @@ def summarize_ablation(result: AblationResult) -> dict:
            "notes": list(result.notes), "metrics": {}, "verdicts": {}}
     for metric, stats in result.stats.items():
         out["metrics"][metric] = {key: stats.get(key) for key in
-                                  ("clean", "candidate_delta", "control_mean", "control_std", "z", "p",
-                                   "rank", "upper_bound_delta", "candidate_ci") if key in stats}
+                                  ("clean", "candidate_delta", "rank", "p", "z", "n_controls", "control_mean",
+                                   "control_std", "upper_bound_delta", "candidate_ci") if key in stats}
     for name, verdict in result.verdicts.items():
         out["verdicts"][name] = {"label": verdict.label, "rule": verdict.rule, "reasons": list(verdict.reasons)}
     return out

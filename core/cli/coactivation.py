@@ -49,6 +49,8 @@ def add_coactivation_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--control-seed", type=seed_arg, default=DEFAULT_CONTROL_SEED)
     parser.add_argument("--mode", choices=PROBE_MODES, default="zero", help=mode_help(PROBE_MODES))
     parser.add_argument("--no-closure", action="store_true", help="stop after the proposal (no ablation)")
+    parser.add_argument("--allow-unconverged", action="store_true",
+                        help="cluster an Ising fit that did not converge (refused by default: its J is not the optimum)")
     parser.add_argument("--figures", default=None, metavar="DIR",
                         help="also export the figures (PNG/SVG/PDF + CSV/JSON) into DIR")
     add_backend_arguments(parser)
@@ -61,7 +63,8 @@ def settings_from_args(args: argparse.Namespace) -> CoactivationSettings:
                                 n_init=args.n_init, min_size=args.min_size, max_size=args.max_size, C=args.C,
                                 drop_constant=args.drop_constant, n_strata=args.strata, n_null=args.null,
                                 partition=args.null_partition, run_closure=not args.no_closure,
-                                n_controls=args.controls, control_seed=args.control_seed, mode=args.mode)
+                                n_controls=args.controls, control_seed=args.control_seed, mode=args.mode,
+                                allow_unconverged=args.allow_unconverged)
 
 
 def _fmt(value: Any) -> str:
@@ -83,6 +86,9 @@ def print_summary(report: CoactivationReport) -> None:
               + ", ".join(f"{a:.3f}" for a in r["per_stratum_ari"])
               + f"; statistic {r['max_ari']:.3f} vs null {r['null_mean']:.3f} +- {r['null_std']:.3f} -> z = {_fmt(r['z'])}; "
               f"discovery stratum {r['discovery_stratum']}")
+    fit = report.proposal.fit
+    print(f"Ising fit ({fit.method}): " + (f"converged in {fit.n_iter} iterations" if fit.converged else
+          f"WARNING did NOT converge in {fit.n_iter} iterations (clustered anyway: --allow-unconverged)"))
     print("ARI by k: " + ", ".join(f"k={k}: {v:.3f}" for k, v in s["ari_at_k"].items())
           + f"  -> k = {s['k']} ({s['k_rule']})")
     print(f"candidate community {s['candidate_cluster']}: {', '.join(s['candidate'])} "

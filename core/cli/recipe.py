@@ -8,19 +8,18 @@ from __future__ import annotations
 
 import argparse
 
-from tqdm import tqdm
-
+from core.executor import ProgressBar
 from core.ablation.compare import ablation_under_every_mode
 from core.ablation.spec import PROBE_MODES, mode_help
 from core.ablation.study import AblationSettings, summarize_ablation
 from core.cli.backend import add_backend_arguments, executor_from_args
-from core.cli.probe import add_probe_file_arguments, add_probe_spec_arguments, probe_from_args, seed_arg
+from core.cli.probe import add_probe_file_arguments, add_probe_spec_arguments, probe_from_args, say_probe_notes, seed_arg
 from core.heads import parse_heads
 from core.model.loading import load_config, load_model
 from core.model.refs import ModelRef, list_checkpoints, resolve_checkpoint
 from core.pipelines.recipe import ScreenSettings, ablate, run_recipe, screen
 from core.probe import check_probe_fits, probe_batch_for
-from core.stats.inference import format_z
+from core.stats.inference import format_rank_z
 from core.stats.selectivity import CLASS_THRESHOLD
 from core.stats.spectral import DEFAULT_DEFINITION, DEFAULT_RULE
 
@@ -30,7 +29,7 @@ def add_screen_arguments(parser: argparse.ArgumentParser) -> None:
     add_probe_spec_arguments(parser)
     add_probe_file_arguments(parser)
     add_backend_arguments(parser)
-    parser.add_argument("--k", type=float, default=0.18, help="top-K: a count (>= 1) or a fraction (default 0.18)")
+    parser.add_argument("--k", type=k_arg, default=0.18, help="top-K: a whole count (>= 1) or a fraction below 1 (default 0.18)")
     parser.add_argument("--pr", choices=("entropy", "classic"), default=DEFAULT_DEFINITION,
                         help="PR definition (default: entropy effective rank, the reference code's)")
     parser.add_argument("--rule", choices=("trapezoid", "paper_sum"), default=DEFAULT_RULE,
@@ -42,15 +41,23 @@ def add_screen_arguments(parser: argparse.ArgumentParser) -> None:
                              "probe length (12.5x at T=64: the same 19.5%% attention share)")
 
 
-def _k_from_arg(k: float) -> int | float:
-    return int(k) if k >= 1 else float(k)
+def k_arg(text: str) -> int | float:
+    """argparse type of --k: a whole count of heads (>= 1) or a fraction in (0, 1); 1.5 is neither (never rounded)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (value > 0 and (value < 1 or value.is_integer())):
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a whole count of heads (1, 2, ...) nor a fraction below "
+                                         "1 (e.g. 0.18, the default).")
+    return int(value) if value >= 1 else value
 
 
 def cli_screen(args: argparse.Namespace) -> dict:
     ref = ModelRef.parse(args.model)
-    settings = ScreenSettings(k=_k_from_arg(args.k), definition=args.pr, rule=args.rule, baseline=args.baseline,
+    settings = ScreenSettings(k=args.k, definition=args.pr, rule=args.rule, baseline=args.baseline,
                               class_threshold=args.class_threshold, induction_threshold=args.induction_threshold)
-    bar = tqdm(total=len(list_checkpoints(ref)), unit="ckpt", desc=f"screen {ref.name}")
+    bar = ProgressBar(total=len(list_checkpoints(ref)), unit="ckpt", desc=f"screen {ref.name}")
 
     def progress(done: int, total: int, revision: str) -> None:
         bar.set_postfix_str(revision)
@@ -62,7 +69,11 @@ def cli_screen(args: argparse.Namespace) -> dict:
     finally:
         bar.close()
     out = report.to_json()
-    print(f"top-K spectral ({len(report.spectral.top_heads)}): {', '.join(out['top_k_spectral'])}")
+    say_probe_notes(report.probe_spec)
+    if report.spectral is None:
+        print(report.spectral_note)
+    else:
+        print(f"top-K spectral ({len(report.spectral.top_heads)}): {', '.join(out['top_k_spectral'])}")
     print(f"candidate induction circuit (>= {report.final.induction_threshold:.3g}x, uniform baseline): "
           f"{', '.join(out['candidate_circuit']) or 'none'}")
     print(f"previous-token circuit (same threshold, uniform baseline): {', '.join(out['previous_token_circuit']) or 'none'}")
@@ -74,8 +85,11 @@ def cli_screen(args: argparse.Namespace) -> dict:
 def _print_summary(title: str, summary: dict) -> None:
     print(title)
     for metric, stats in summary["metrics"].items():
-        figures = "  ".join(f"{k}={format_z(v) if k == 'z' else f'{v:.4g}'}" for k, v in stats.items()
-                            if k == "z" or isinstance(v, (int, float)))
+        figures = "  ".join(f"{k}={f'{v:.4g}'}" for k, v in stats.items()
+                            if k not in ("z", "rank", "p", "n_controls") and isinstance(v, (int, float)))
+        if stats.get("rank") is not None:  # rank and p lead; z with its controls and sd convention
+            n = stats.get("n_controls", summary["n_controls"])
+            figures = format_rank_z(stats["rank"], stats["p"], n, stats.get("z")) + "  " + figures
         print(f"  {metric:13s} {figures}")
     for name, verdict in summary["verdicts"].items():
         print(f"  verdict {name}: {verdict['label']}  ({verdict['rule']})")
@@ -86,7 +100,7 @@ def _print_summary(title: str, summary: dict) -> None:
 
 
 def _progress_bar(desc: str):
-    bar = tqdm(total=0, unit="cond", desc=desc)
+    bar = ProgressBar(total=0, unit="cond", desc=desc)
 
     def progress(done: int, total: int) -> None:
         bar.total = total
@@ -128,6 +142,7 @@ def cli_ablate(args: argparse.Namespace) -> dict:
     finally:
         bar.close()
     summary = summarize_ablation(result)
+    say_probe_notes(result.provenance.get("batch", {}))
     _print_summary(f"ablating {', '.join(summary['selection'])} ({result.mode}) vs {summary['n_controls']} "
                    f"{args.control_kind} controls", summary)
     return {"summary": summary, "result": result.to_json()}
@@ -170,6 +185,9 @@ def cli_recipe(args: argparse.Namespace) -> dict:
     out = run_recipe(ref, probe_from_args(args), args.controls, args.mode, args.control_seed, args.device,
                      progress=lambda text: print(f"... {text}"), dtype=args.dtype, executor=executor_from_args(args))
     screen_out = out["screen"]
+    say_probe_notes(screen_out["probe_spec"])
+    if screen_out["spectral_note"]:
+        print(screen_out["spectral_note"])
     print(f"candidate circuit: {', '.join(screen_out['candidate_circuit']) or 'none'}")
     if "candidate" in out:
         _print_summary("Step 3, candidate circuit:", out["candidate"]["summary"])

@@ -55,8 +55,9 @@ from core.probe import check_probe_fits, head_stats
 from core.results import JsonResult, package_versions
 from core.stats.clusters import DEFAULT_KS, AriByK, CandidateSelection, ari_by_k, propose_candidate
 from core.stats.inference import METRICS
-from core.stats.ising import DEFAULT_C, IsingFit, fit_ising_pseudolikelihood
-from core.stats.routes import PARTITIONS, RouteNull, RouteStatistic, random_partition_null, route_strata, stratum_statistic
+from core.stats.ising import DEFAULT_C, IsingFit, check_converged, fit_ising_pseudolikelihood
+from core.stats.routes import (PARTITIONS, RouteNull, RouteStatistic, random_partition_null, route_strata, stratum_statistic,
+                               unconverged_strata)
 from core.stats.spectral import resolve_k
 from core.stats.spins import binarize_at_median, max_attention_signal
 
@@ -180,7 +181,8 @@ class CoactivationSettings(JsonResult):
     candidate clustering (reference 1) and of the per-k clusterings (None: scikit-learn's default);
     drop_constant: heads whose spin never changes get zero couplings instead of an error;
     n_strata ... partition: the route-conditional analysis (MoE); n_controls ... z_threshold: the
-    closure test of the candidate (core.pipelines.closure).
+    closure test of the candidate (core.pipelines.closure); allow_unconverged: cluster an Ising fit
+    that did not converge (refused by default; the report's proposal.fit.converged says which).
     """
 
     route_conditional: bool = False
@@ -204,12 +206,13 @@ class CoactivationSettings(JsonResult):
     mode: str = "zero"
     headline: str = "logit"
     z_threshold: float = 1.8
+    allow_unconverged: bool = False
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
             object.__setattr__(self, name, value)
 
-        for name in ("route_conditional", "drop_constant", "run_closure"):
+        for name in ("route_conditional", "drop_constant", "run_closure", "allow_unconverged"):
             put(name, bool(getattr(self, name)))
         for name in ("strata_seed", "null_seed", "control_seed"):
             put(name, int(getattr(self, name)))
@@ -287,12 +290,14 @@ def propose(spins: Any, labels: Mapping[Head, str], settings: CoactivationSettin
 
     settings: ks, k (None = the best-ARI k, smallest on ties), n_init, ari_n_init, the size bounds
     and C; unset values take this many heads' defaults. constant: "error", or "zero" to leave
-    constant heads out of the fit (zero couplings).
+    constant heads out of the fit (zero couplings). An unconverged fit is refused (HeadLabError)
+    unless settings.allow_unconverged.
     """
     s = np.asarray(spins)
     st = settings.resolved(s.shape[1])
     fit = fit_ising_pseudolikelihood(s, C=st.C, method=fit_method, constant=constant, n_head=n_head,
                                      allow_few_samples=allow_few_samples)
+    check_converged(fit, "the Ising fit", st.allow_unconverged)
     scores = ari_by_k(fit.J, labels, st.ks, n_head=n_head, n_init=st.ari_n_init)
     chosen = scores.best_k if st.k is None else st.k
     selection = propose_candidate(fit.J, labels, n_head=n_head, k=chosen, n_init=st.n_init, min_size=st.min_size,
@@ -347,6 +352,12 @@ def route_analysis(spins: Any, router_weights: Any, labels: Mapping[Head, str],
     null = random_partition_null(s, sizes, labels, ks, n_head=n_head,
                                  seeds=range(settings.null_seed, settings.null_seed + settings.n_null),
                                  partition=settings.partition, observed=stat, C=settings.C, n_init=settings.ari_n_init)
+    unconverged = unconverged_strata(stat, null)
+    if unconverged and not settings.allow_unconverged:
+        raise HeadLabError(f"{unconverged} per-stratum Ising fit{'s' if unconverged != 1 else ''} (observed strata and "
+                           "null draws) did not converge; their couplings are not the fit's optimum, so the route "
+                           "statistic means little. Use more examples, fewer strata, a smaller C, or go on anyway "
+                           "with allow_unconverged (--allow-unconverged).")
     best = max(stat.per_stratum, key=lambda r: (r.ari, -r.stratum))
     return RouteAnalysis(n_strata=settings.n_strata, strata_seed=settings.strata_seed,
                          strata=tuple(int(x) for x in strata), sizes=sizes, statistic=stat, null=null,
@@ -412,13 +423,16 @@ class CoactivationReport(JsonResult):
             "candidate": [head_name(h) for h in cand.heads], "candidate_cluster": cand.cluster,
             "purity": cand.purity, "isolation": cand.isolation_ratio, "combined_score": cand.combined_score,
             "size_fallback": sel.fallback,
+            "ising_converged": bool(self.proposal.fit.converged), "ising_n_iter": int(self.proposal.fit.n_iter),
         }
         if self.route is not None:
             r = self.route
             out["route"] = {"sizes": list(r.sizes), "discovery_stratum": r.discovery_stratum,
                             "per_stratum_ari": [s.ari for s in r.statistic.per_stratum],
                             "max_ari": r.statistic.max_ari, "null_mean": r.null.null_max_mean,
-                            "null_std": r.null.null_max_std, "z": r.null.z_max}
+                            "null_std": r.null.null_max_std, "z": r.null.z_max,
+                            "n_unconverged_strata": r.statistic.n_unconverged,
+                            "n_unconverged_null_strata": sum(d.n_unconverged for d in r.null.draws)}
         if self.closure is not None:
             out["closure"] = [{"kind": s.kind, "split": s.split, "n": s.n_examples,
                                "delta": {m: s.stats[m]["candidate_delta"] for m in METRICS},

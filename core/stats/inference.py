@@ -41,6 +41,9 @@ MIN_CLOSURE_CONTROLS = 3  # distinct control sets a closure verdict needs: a z f
 # so z is shown greyed out / flagged "unreliable" and the rank and p lead.
 MIN_RELIABLE_Z_CONTROLS = 10
 Z_CONVENTION = "population sd (ddof=0), as the reference"
+# A verdict from fewer examples than this is "inconclusive": the paired bootstrap CI and the mean
+# deltas of a handful of prompts are too noisy to call a circuit (one prompt has no spread at all).
+MIN_VERDICT_EXAMPLES = 10
 RANK_P_ALPHA = 0.05  # with k controls the smallest rank p is 1/(k+1): p < 0.05 needs k >= 19
 
 
@@ -216,6 +219,15 @@ def recipe_verdict(
         shown = round(removed, 2) + 0.0  # + 0.0: a rounded -0.0 prints "0%", not "-0%"
         reasons.append(f"upper bound removes {shown:.0%} of clean top-1 ({'>=' if ub_ok else '<'} {min_upper_bound_fraction:.0%}).")
     return Verdict("causal" if ok else "not causal", rule, tuple(reasons))
+
+
+def below_minimum(verdict: Verdict, n_examples: int, min_examples: int = MIN_VERDICT_EXAMPLES) -> Verdict:
+    """The verdict as "inconclusive" when it rests on fewer than min_examples examples; unchanged otherwise."""
+    if int(n_examples) >= int(min_examples) or verdict.label == "inconclusive":
+        return verdict
+    why = (f"only {int(n_examples)} example{'s' if int(n_examples) != 1 else ''}: a verdict needs at least {min_examples} "
+           f"(it would have read {verdict.label!r}); use more examples (--n, or more probe-file records).")
+    return Verdict("inconclusive", verdict.rule, (why,) + tuple(verdict.reasons), verdict.z)
 
 
 def _degenerate_controls(candidate: float, controls: Sequence[float], metric: str, min_controls: int) -> tuple[str, ...]:

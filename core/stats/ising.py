@@ -47,6 +47,18 @@ class IsingFit(JsonResult):
     constant_heads: tuple[int, ...] = ()  # heads with a constant spin, given zero coupling (constant="zero")
 
 
+def check_converged(fit: IsingFit, what: str, allow_unconverged: bool = False) -> None:
+    """Refuse to cluster a fit that did not converge: its J is wherever the iterations stopped, not the optimum.
+
+    allow_unconverged: go on anyway (the result then carries converged False, and the CLI says so).
+    """
+    if fit.converged or allow_unconverged:
+        return
+    raise HeadLabError(f"{what} did not converge in {fit.n_iter} iterations ({fit.method}); its couplings are not "
+                       "the fit's optimum, so clusters of them mean little. Use more examples, a smaller C (stronger "
+                       "L2), or cluster it anyway with allow_unconverged (--allow-unconverged).")
+
+
 def couplings_from_coef(coef: Any, intercept: Any) -> tuple[np.ndarray, np.ndarray]:
     """J = (coef / 2 + its transpose) / 2 with zero diagonal, h = intercept / 2 (reference convention)."""
     w = as_array(coef)

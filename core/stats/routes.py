@@ -53,6 +53,7 @@ class StratumResult(JsonResult):
     nmi: float
     purity: float
     n_constant_heads: int = 0
+    converged: bool = True  # the stratum's Ising fit converged (core.stats.ising.IsingFit.converged)
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class RouteStatistic(JsonResult):
     per_stratum: tuple[StratumResult, ...]
     max_ari: float
     mean_ari: float
+    n_unconverged: int = 0  # strata whose Ising fit did not converge (kept only with allow_unconverged)
     J_by_stratum: dict[int, np.ndarray] = field(compare=False, default_factory=dict, repr=False)  # not in JSON
 
     def to_json(self) -> dict:
@@ -76,6 +78,8 @@ def stratum_statistic(spins: Any, strata: Any, labels_by_head: Mapping[Head, str
 
     Heads whose spin is constant inside a stratum get zero couplings there (they cannot be fitted).
     A stratum with fewer examples than min_stratum_size (default: the number of heads) is an error.
+    Each stratum records whether its fit converged, and n_unconverged counts those that did not
+    (the pipeline refuses them unless asked: core.pipelines.coactivation.route_analysis).
     """
     s = check_spins(spins, allow_constant=True, allow_few_samples=True, n_head=n_head)
     st = np.asarray(strata).astype(np.int64)
@@ -93,10 +97,17 @@ def stratum_statistic(spins: Any, strata: Any, labels_by_head: Mapping[Head, str
         scores = ari_by_k(fit.J, labels_by_head, ks, n_head=n_head, n_init=n_init, random_state=random_state)
         best = scores.metric(scores.best_k)
         results.append(StratumResult(stratum=int(g), n_examples=len(rows), best_k=scores.best_k, ari=best.ari, nmi=best.nmi,
-                                     purity=best.purity, n_constant_heads=len(fit.constant_heads)))
+                                     purity=best.purity, n_constant_heads=len(fit.constant_heads),
+                                     converged=bool(fit.converged)))
         Js[int(g)] = fit.J
     aris = [r.ari for r in results]
-    return RouteStatistic(per_stratum=tuple(results), max_ari=float(max(aris)), mean_ari=float(np.mean(aris)), J_by_stratum=Js)
+    return RouteStatistic(per_stratum=tuple(results), max_ari=float(max(aris)), mean_ari=float(np.mean(aris)),
+                          n_unconverged=sum(not r.converged for r in results), J_by_stratum=Js)
+
+
+def unconverged_strata(statistic: RouteStatistic, null: "RouteNull") -> int:
+    """Strata fits that did not converge, in the observed statistic and every null draw together."""
+    return int(statistic.n_unconverged) + sum(int(d.n_unconverged) for d in null.draws)
 
 
 def null_z(observed: float, null_values: Sequence[float]) -> float | None:
@@ -182,4 +193,5 @@ def random_partition_null(spins: Any, strata_sizes: Sequence[int], labels_by_hea
     return summarize_null([d.max_ari for d in draws], [d.mean_ari for d in draws], partition=partition, seeds=seeds,
                           observed_max=None if observed is None else observed.max_ari,
                           observed_mean=None if observed is None else observed.mean_ari,
-                          draws=[RouteStatistic(per_stratum=d.per_stratum, max_ari=d.max_ari, mean_ari=d.mean_ari) for d in draws])
+                          draws=[RouteStatistic(per_stratum=d.per_stratum, max_ari=d.max_ari, mean_ari=d.mean_ari,
+                                                n_unconverged=d.n_unconverged) for d in draws])

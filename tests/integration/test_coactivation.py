@@ -6,6 +6,7 @@ re-derived from the reported deltas and z-scores."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -21,7 +22,9 @@ from core.pipelines.coactivation import (CoactivationReport, CoactivationSetting
                                          route_analysis, router_matrix, supervised_labels)
 from core.stats.controls import ControlSets
 from core.stats.inference import DAMAGE_SIGN, METRICS, MIN_CLOSURE_CONTROLS
-from core.stats.routes import null_z
+import core.pipelines.coactivation
+import core.stats.routes
+from core.stats.routes import null_z, unconverged_strata
 from core.stats.spins import binarize_at_median
 
 N_HEAD = 4
@@ -128,6 +131,38 @@ def test_propose_fixed_k_and_json_roundtrip(planted):
     assert p.k == 4 and p.k_rule == "fixed" and p.selection.k == 4 and len(p.selection.clusters) == 4
     back = IsingProposal.from_json(json.loads(json.dumps(p.to_json())))
     assert back.to_json() == p.to_json()
+
+
+def _stops_after_one_iteration(monkeypatch, module):
+    """The module's Ising fit, cut off after one iteration: a real fit that has not converged."""
+    real = module.fit_ising_pseudolikelihood
+
+    def one_step(*args, **kwargs):
+        return real(*args, **{**kwargs, "max_iter": 1})
+
+    monkeypatch.setattr(module, "fit_ising_pseudolikelihood", one_step)
+
+
+def test_an_unconverged_fit_is_refused_unless_asked(planted, monkeypatch):
+    spins, _, labels = planted
+    settings = CoactivationSettings(ks=(2, 3), min_size=2, max_size=6)
+    assert propose(spins, labels, settings, n_head=N_HEAD).fit.converged is True
+    _stops_after_one_iteration(monkeypatch, core.pipelines.coactivation)
+    with pytest.raises(HeadLabError, match="did not converge in 1 iterations.*--allow-unconverged"):
+        propose(spins, labels, settings, n_head=N_HEAD)
+    kept = propose(spins, labels, replace(settings, allow_unconverged=True), n_head=N_HEAD)
+    assert kept.fit.converged is False and kept.fit.n_iter == 1
+
+
+def test_unconverged_strata_are_refused_unless_asked(routed, monkeypatch):
+    spins, router, labels = routed
+    settings = CoactivationSettings(ks=(2, 3), n_strata=2, n_null=2)
+    _stops_after_one_iteration(monkeypatch, core.stats.routes)
+    with pytest.raises(HeadLabError, match="did not converge.*--allow-unconverged"):
+        route_analysis(spins, router, labels, settings, n_head=N_HEAD)
+    kept = route_analysis(spins, router, labels, replace(settings, allow_unconverged=True), n_head=N_HEAD)
+    assert kept.statistic.n_unconverged == 2 and not any(s.converged for s in kept.statistic.per_stratum)
+    assert unconverged_strata(kept.statistic, kept.null) == 2 + 2 * 2  # observed strata + 2 draws of 2 strata
 
 
 def test_propose_bad_inputs(planted):
