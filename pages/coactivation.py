@@ -74,6 +74,8 @@ if report.route is not None:
     m4.metric("route statistic vs null", "—" if z is None else f"z = {z:+.2f}",
               help=f"best within-stratum ARI {report.route.statistic.max_ari:.3f}; null "
                    f"{report.route.null.null_max_mean:.3f} ± {report.route.null.null_max_std:.3f}")
+if not report.proposal.fit.converged:  # only with allow_unconverged: the pipeline refuses it otherwise
+    st.warning(f"The Ising fit did not converge in {report.proposal.fit.n_iter} iterations: its couplings are not the optimum.")
 for note in report.notes:
     st.caption(f"Note: {note}")
 
