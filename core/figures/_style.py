@@ -14,10 +14,31 @@ import numpy as np
 import plotly.graph_objects as go
 
 from core.heads import Head, head_name, parse_heads
+from core.stats.inference import MIN_RELIABLE_Z_CONTROLS, format_z
 
 PICKER = "picker"  # trace meta of the invisible click targets on heatmaps
 SELECTIVITY_FLOOR = 1e-3  # log scale: selectivity below this is drawn at this value
 GRID_CELL_PX = 40  # one head's square in a pickable grid
+Z_GREY = "#aaaaaa"  # a z from fewer than MIN_RELIABLE_Z_CONTROLS controls is drawn in this colour
+UNRELIABLE_OPACITY = 0.35  # bars of such a z
+
+
+def z_reliable(n_controls: int | None) -> bool:
+    """Whether a z from n_controls controls is drawn in full (>= 10 controls) or greyed out."""
+    return n_controls is not None and int(n_controls) >= MIN_RELIABLE_Z_CONTROLS
+
+
+def rank_z_title(rank: int | None, p: float | None, n_controls: int, z: float | None) -> str:
+    """A panel title leading with the rank among controls and its p; z after, greyed below 10 controls.
+
+    e.g. "rank 1/21, p = 0.048 · z = +2.3 (20 ctrl)"; plotly renders the <span> colour.
+    """
+    z_text = f"z = {format_z(z)} ({n_controls} ctrl)"
+    if not z_reliable(n_controls):
+        z_text = f"<span style='color:{Z_GREY}'>{z_text}</span>"
+    if rank is None or p is None:
+        return z_text
+    return f"rank {rank}/{n_controls + 1}, p = {p:.2g} · {z_text}"
 
 
 def short_tokens(tokens: float) -> str:

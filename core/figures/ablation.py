@@ -14,12 +14,12 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from core.ablation.study import example_damage, worst_examples
-from core.figures._style import GRID_CELL_PX, _grid_axes, _legend_on_top, _log10, _log_ticks, _metric_label
+from core.figures._style import (GRID_CELL_PX, _grid_axes, _legend_on_top, _log10, _log_ticks, _metric_label,
+                                 rank_z_title)
 from core.figures.bundle import FigureBundle
 from core.figures.theme import CANDIDATE_COLOR, CONTROL_COLOR, PAPER_WIDTH, SCREEN, SELECTIVITY_SCALE, UPPER_BOUND_COLOR
 from core.heads import Head, head_name
 from core.results import provenance
-from core.stats.inference import format_z
 
 
 def head_grid(values: np.ndarray, selected: Iterable[Head], model: str, revision: str, title: str,
@@ -86,8 +86,10 @@ def ablation_strip(result: Any, model: str, revision: str, metrics: Sequence[str
     metrics = [m for m in (metrics or result.stats.keys()) if m in result.stats]
     titles = []
     for m in metrics:
-        z, ranked = result.stats[m].get("z"), result.stats[m].get("rank") is not None  # no rank: a running preview
-        titles.append(f"{m}: z = {format_z(z)}" if ranked else m)
+        entry = result.stats[m]
+        ranked = entry.get("rank") is not None  # no rank: a running preview
+        n = entry.get("n_controls", len(entry.get("control_deltas", ())))
+        titles.append(f"{m}: {rank_z_title(entry['rank'], entry['p'], n, entry.get('z'))}" if ranked else m)
     fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=titles, horizontal_spacing=0.08)
     rng = np.random.RandomState(0)  # fixed jitter: the same picture every time
     rows = []

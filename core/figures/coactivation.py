@@ -18,7 +18,7 @@ import networkx as nx
 import numpy as np
 import plotly.graph_objects as go
 
-from core.figures._style import _legend_on_top
+from core.figures._style import UNRELIABLE_OPACITY, _legend_on_top, z_reliable
 from core.figures.bundle import FigureBundle
 from core.figures.theme import CANDIDATE_COLOR, CLASS_COLORS, CONTROL_COLOR, LAYER_COLORS, PAPER_WIDTH, SCREEN
 from core.heads import head_name
@@ -266,18 +266,23 @@ def closure_z_chart(report: Any) -> FigureBundle:
         raise ValueError("this report has no closure test")
     fig = go.Figure()
     rows = []
+    reliable = z_reliable(closure.n_controls)  # below 10 controls: bars greyed out
     palette = {("matched", "all"): "#0072B2", ("any-layer", "all"): "#009E73", ("matched", "on"): "#56B4E9",
                ("matched", "off"): "#9ecae1", ("any-layer", "on"): "#74c476", ("any-layer", "off"): "#c7e9c0"}
     for s in closure.splits:
         z = [s.z(m) for m in METRICS]
         name = f"{s.kind}, {s.split} (n={s.n_examples}): {s.verdicts['paper'].label} / {s.verdicts['reference'].label}"
         fig.add_trace(go.Bar(x=list(METRICS), y=z, name=name, marker_color=palette.get((s.kind, s.split), "#888"),
-                             hovertemplate="%{x}: z = %{y:.3g}<extra></extra>"))
+                             opacity=1.0 if reliable else UNRELIABLE_OPACITY,
+                             customdata=[[s.stats[m].get("rank"), s.stats[m].get("p")] for m in METRICS],
+                             hovertemplate="%{x}: rank %{customdata[0]}, p = %{customdata[1]:.3g}; z = %{y:.3g}"
+                                           "<extra></extra>"))
         for m in METRICS:
             st = s.stats[m]
             rows.append({"kind": s.kind, "split": s.split, "n_examples": s.n_examples, "metric": m,
                          "candidate_delta": st["candidate_delta"], "control_mean": st.get("control_mean"),
-                         "control_std": st.get("control_std"), "z": st.get("z"), "damaging": st["damaging"],
+                         "control_std": st.get("control_std"), "rank": st.get("rank"), "p": st.get("p"),
+                         "n_controls": len(st.get("control_deltas", ())), "z": st.get("z"), "damaging": st["damaging"],
                          "verdict_paper": s.verdicts["paper"].label,
                          "verdict_reference": s.verdicts["reference"].label})
     for y in (closure.z_threshold, -closure.z_threshold):
@@ -290,7 +295,9 @@ def closure_z_chart(report: Any) -> FigureBundle:
     caption = ("z = (candidate Δ − control mean) / control std (ddof 0); damage is loss up, top-1 / top-5 / target "
                f"logit down. Paper rule: every Δ damaging and z_{'target_logit' if closure.headline == 'logit' else 'loss'}"
                f" beyond ±{closure.z_threshold:g}; reference rule: every Δ damaging and outside the control range on "
-               "one metric; Δ loss < 0 with z_loss < −threshold fails in the wrong direction.")
+               "one metric; Δ loss < 0 with z_loss < −threshold fails in the wrong direction."
+               + ("" if reliable else f" Greyed: {closure.n_controls} controls per kind (fewer than 10), so z is "
+                  f"unreliable; the smallest rank p is 1/{closure.n_controls + 1}."))
     return FigureBundle("coactivation-closure-z", fig, tuple(rows),
                         _prov(report, "closure_z", selection=str(closure.selection), n_controls=closure.n_controls,
                               control_seed=closure.control_seed, skipped=closure.skipped), caption)

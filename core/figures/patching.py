@@ -19,7 +19,7 @@ import numpy as np
 import plotly.graph_objects as go
 from scipy.stats import rankdata
 
-from core.figures._style import _grid_axes, _grid_height, _legend_on_top, picker_trace
+from core.figures._style import _grid_axes, _grid_height, _legend_on_top, picker_trace, rank_z_title
 from core.figures.bundle import FigureBundle
 from core.figures.theme import CANDIDATE_COLOR, CONTROL_COLOR, LAYER_COLORS, SCREEN, UPPER_BOUND_COLOR
 from core.heads import head_name
@@ -173,9 +173,11 @@ def controls_strip(report: Any, which: str) -> FigureBundle:
     fig.update_yaxes(title_text="score (clean 1, corrupted 0)")
     s = result.stats
     fig.update_layout(template=SCREEN, height=400,
-                      title=f"{name}: z = {s['z']:+.2f}, p = {s['p']:.3g} vs {controls.size} {result.control_sets.kind} controls")
+                      title=f"{name} vs {controls.size} {result.control_sets.kind} controls: "
+                            + rank_z_title(s["rank"], s["p"], controls.size, s["z"]))
     _legend_on_top(fig)
-    caption = ("controls: random head sets patched the same way (same layers and sizes when matched); "
+    caption = ("rank 1 = the most effect; p = rank / (controls + 1); z uses the controls' population sd (ddof=0), "
+               "greyed below 10 controls. controls: random head sets patched the same way (same layers and sizes when matched); "
                + ("path controls are random sender sets into the same receivers." if which == "path" else
                   "upper: every head of the group's layers patched together."))
     return FigureBundle(f"patching-{which}-controls", fig, tuple(rows), _prov(report, f"patching_{which}_controls"), caption)

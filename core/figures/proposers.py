@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from core.figures.theme import CANDIDATE_COLOR, CONTROL_COLOR, FADED, SCREEN
-from core.figures._style import _legend_on_top, _metric_label
+from core.figures._style import UNRELIABLE_OPACITY, _legend_on_top, _metric_label, z_reliable
 from core.figures.bundle import FigureBundle
 from core.results import provenance
 
@@ -24,6 +24,7 @@ def proposers_figure(report, metrics=("loss", "top1", "target_logit")) -> Figure
     fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=[f"z, {_metric_label(m)}" for m in metrics],
                         horizontal_spacing=0.08)
     methods = [d.proposal.method for d in report.disposals]
+    reliable = z_reliable(report.provenance.get("n_controls"))  # below 10 controls: bars greyed out
     shown = set()
     for col, metric in enumerate(metrics, start=1):
         for d in report.disposals:
@@ -32,6 +33,7 @@ def proposers_figure(report, metrics=("loss", "top1", "target_logit")) -> Figure
             fig.add_trace(go.Bar(
                 x=[d.proposal.method], y=[0.0 if z is None else z], name=verdict, legendgroup=verdict,
                 showlegend=verdict not in shown, marker_color=VERDICT_COLORS.get(verdict, FADED),
+                opacity=1.0 if reliable else UNRELIABLE_OPACITY,
                 hovertemplate=(f"{d.proposal.method}<br>{', '.join(map(str, d.proposal.heads)) or 'no heads'}"
                                f"<br>z = %{{y:.3g}}<br>{verdict}<extra></extra>")), row=1, col=col)
             shown.add(verdict)
@@ -45,6 +47,7 @@ def proposers_figure(report, metrics=("loss", "top1", "target_logit")) -> Figure
     rows = tuple(report.rows())
     caption = (f"closure z of each proposal against {report.provenance.get('n_controls')} "
                f"{report.provenance.get('controls')} random controls (seed {report.provenance.get('control_seed')}); "
-               "colour = paper-rule verdict; dashed = ±1.8.")
+               "colour = paper-rule verdict; dashed = ±1.8; z uses the controls' population sd (ddof=0)"
+               + ("." if reliable else "; greyed: fewer than 10 controls, so z is unreliable (read the verdicts' ranks)."))
     prov = provenance(figure="proposers_vs_disposer", **{k: v for k, v in report.provenance.items() if k != "gradient"})
     return FigureBundle("proposers-vs-disposer", fig, rows, prov, caption)

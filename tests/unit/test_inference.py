@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 
 from core.errors import HeadLabError
-from core.stats.inference import (Verdict, bootstrap_ci, closure_verdict, empirical_rank_p, format_z, is_damaging,
-                                  recipe_verdict,
-                                  z_score)
+from core.stats.inference import (MIN_VERDICT_EXAMPLES, Verdict, below_minimum, bootstrap_ci, closure_verdict,
+                                  empirical_rank_p, format_z, is_damaging, recipe_verdict, z_score)
 from tests.reference_data import CLOSURE
 
 
@@ -182,3 +181,14 @@ def test_verdict_json_keys_and_roundtrip():
     assert list(data) == ["label", "rule", "reasons", "z"] and isinstance(data["reasons"], list)
     assert Verdict.from_json(data) == verdict
     assert Verdict.from_json({"label": "pass", "rule": "r"}) == Verdict("pass", "r")  # older files: no reasons, no z
+
+
+def test_a_verdict_from_too_few_examples_is_inconclusive():
+    from_one = below_minimum(Verdict("pass", "paper", ("every delta is damage",)), n_examples=1)
+    assert from_one.label == "inconclusive" and from_one.rule == "paper"
+    assert from_one.reasons[0].startswith("only 1 example: a verdict needs at least 10") and "'pass'" in from_one.reasons[0]
+    assert from_one.reasons[1:] == ("every delta is damage",)
+    assert below_minimum(Verdict("causal", "recipe"), n_examples=MIN_VERDICT_EXAMPLES).label == "causal"
+    assert below_minimum(Verdict("not causal", "recipe"), n_examples=9).label == "inconclusive"
+    kept = Verdict("inconclusive", "recipe", ("only 2 control draws ran",))
+    assert below_minimum(kept, n_examples=1) is kept

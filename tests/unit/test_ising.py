@@ -22,7 +22,7 @@ from core.stats.clusters import (
     select_candidate,
     spectral_clusters,
 )
-from core.stats.ising import IsingFit, couplings_from_coef, fit_ising_pseudolikelihood, fit_ising_sklearn, penalised_objective
+from core.stats.ising import IsingFit, check_converged, couplings_from_coef, fit_ising_pseudolikelihood, fit_ising_sklearn, penalised_objective
 from core.stats.routes import (
     RouteNull,
     null_z,
@@ -450,3 +450,15 @@ def test_bench_reports_its_figures_on_a_tiny_case():
         assert np.isfinite(r[key])
     assert r["rel_diff_J"] <= 1e-3 and abs(r["objective_gap_joint"]) <= 1e-6
     assert r["speedup"] == pytest.approx(r["sklearn_s"] / r["joint_s"])
+
+
+def test_an_unconverged_fit_is_refused_unless_allowed(small_model):
+    _, _, spins = small_model
+    cut = fit_ising_pseudolikelihood(spins, max_iter=1)
+    assert cut.converged is False and cut.n_iter == 1
+    with pytest.raises(HeadLabError, match="did not converge in 1 iterations.*allow_unconverged"):
+        check_converged(cut, "the Ising fit")
+    check_converged(cut, "the Ising fit", allow_unconverged=True)  # asked for: no error
+    full = fit_ising_pseudolikelihood(spins)
+    assert full.converged is True
+    check_converged(full, "the Ising fit")
