@@ -20,9 +20,15 @@ def cli_models(args: argparse.Namespace) -> dict:
         rows = []
         for name in list_zoo():
             manifest = read_manifest(name)
+            config = manifest.get("config", {})
             rows.append({"name": name, "family": manifest.get("family"), "task": manifest.get("task"),
                          "checkpoints": len(manifest["checkpoints"]),
-                         "complete": manifest.get("complete")})
+                         "complete": manifest.get("complete"),
+                         # how it was trained and what it reached: the zoo docs quote these
+                         "shape": {k: config.get("model", {}).get(k) for k in ("n_layers", "n_heads", "d_model")},
+                         "steps_trained": manifest["checkpoints"][-1].get("step") if manifest["checkpoints"] else None,
+                         "final": manifest.get("final"), "train_seconds": manifest.get("train_seconds"),
+                         "threads": manifest.get("threads")})
             print(f"{name:24s} {str(rows[-1]['family']):10s} {str(rows[-1]['task']):12s} "
                   f"{rows[-1]['checkpoints']:4d} checkpoints")
         if not rows:

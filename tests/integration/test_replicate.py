@@ -33,10 +33,10 @@ from core.pipelines.replicate_claims import CLAIMS, HELD, NEEDS_PAPER, NOT_HELD,
 from core.results import provenance
 from core.zoo.presets import preset_models
 
-METHODS = Path(__file__).resolve().parents[2].parent / "shared" / "METHODS.md"
+CLAIMS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "replication" / "README.md"
 VERDICTS = (HELD, NOT_HELD, NEEDS_PAPER)
 
-# METHODS.md "Claims worth reproducing on small models": each bullet -> the claims that test it
+# docs/replication/README.md "Claims worth reproducing on small models": each bullet -> the claims that test it
 BULLETS = {
     "[SPC] A small induction circuit": ["spc-causal"],
     "[SPC] Circuits are seed-specific": ["spc-seed-specific"],
@@ -55,12 +55,12 @@ BULLETS = {
 
 
 def test_every_methods_claim_has_claims_and_runners():
-    section = METHODS.read_text().split("## Claims worth reproducing on small models", 1)[1]
+    section = CLAIMS_PAGE.read_text().split("## Claims worth reproducing on small models", 1)[1].split("\n## ", 1)[0]
     bullets = [line[2:] for line in section.splitlines() if line.startswith("- ")]
     assert len(bullets) == len(BULLETS)
     for bullet in bullets:
         prefix = next((p for p in BULLETS if bullet.startswith(p)), None)
-        assert prefix is not None, f"no claims for METHODS bullet {bullet!r}"
+        assert prefix is not None, f"no claims for the claims page's bullet {bullet!r}"
     named = [c for ids in BULLETS.values() for c in ids]
     assert sorted(named) == sorted(CLAIMS)
     for claim in CLAIMS.values():
