@@ -30,7 +30,7 @@ os.environ["HEADLAB_HOME"] = str(_SESSION_HOME)
 XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if XDIST_WORKERS > 1:
     # Two workers at torch's default count would oversubscribe the cores, which slows small models
-    # about 3x (README, "Threads"); each worker gets its share of them.
+    # several-fold (docs/performance.md, "Threads on a shared machine"); each worker gets its share of them.
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // XDIST_WORKERS))
 SHARED_ZOO = "quick-zoo"  # beside the workers' own temp folders: trained once, copied into each home
 
