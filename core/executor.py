@@ -21,12 +21,15 @@ path needs nothing new; the Ray package itself is pinned in requirements.txt.
 from __future__ import annotations
 
 import os
+import sys
+import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
 
 import torch
+from tqdm import tqdm
 
 from core.errors import HeadLabError
 
@@ -367,3 +370,57 @@ def tqdm_progress(bar: Any) -> ProgressFn:
         bar.refresh()
 
     return update
+
+
+LOG_PARTS = 10  # outside a terminal a bar with a total prints a line per tenth of it (at most 12 lines)
+LOG_SECONDS = 60.0  # ... and one without a total a line a minute
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
+class ProgressBar(tqdm):
+    """A tqdm bar that stays a bar in a terminal, and in a log file or a pipe prints a few whole lines.
+
+    tqdm outside a terminal writes every update (and every set_postfix) as another '\r'-joined line; a
+    zoo training wrote thousands. Here, without a terminal, a line is printed at the start, each time
+    another tenth of the total is done (a minute without a total), and at the close: at most 12 per bar.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._log_mode = not _is_terminal(kwargs.get("file") or sys.stderr)
+        self._logged_n: float | None = None
+        self._logged_t = 0.0
+        super().__init__(*args, **kwargs)
+
+    def _due(self) -> bool:
+        if self._logged_n is None:
+            return True
+        if self.total:
+            return self.n - self._logged_n >= max(1.0, self.total / LOG_PARTS) or (
+                self.n >= self.total and self._logged_n < self.total)
+        return time.monotonic() - self._logged_t >= LOG_SECONDS
+
+    def _log_line(self) -> None:
+        self._logged_n, self._logged_t = self.n, time.monotonic()
+        self.fp.write(self.__str__() + "\n")
+        self.fp.flush()
+
+    def display(self, msg: str | None = None, pos: int | None = None) -> bool:
+        if not self._log_mode:
+            return super().display(msg, pos)
+        if msg is None and self._due():
+            self._log_line()
+        return True
+
+    def close(self) -> None:
+        if not self._log_mode or self.disable:
+            return super().close()
+        if self._logged_n != self.n:
+            self._log_line()  # the final count, once
+        self.disable = True
+        self._decr_instances(self)

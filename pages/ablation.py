@@ -177,7 +177,9 @@ with preset_col:
     k = int(p4.number_input("K", 1, n_layers * n_heads, resolve_k(0.18, n_layers * n_heads), key="preset_k"))
     if p3.button("Top-K spectral heads", key="preset_topk", help="The K heads with the largest PR-integral (Step 1)."):
         report = guarded(lambda: screen_report(ws), stop=False)
-        if report is not None:
+        if report is not None and report.spectral is None:  # one checkpoint: no PR-integral to rank by
+            st.session_state[PRESET_MESSAGE] = report.spectral_note
+        elif report is not None:
             _set_heads(top_k(report.spectral.integral, k), "The spectral ranking is empty.")
     message = st.session_state.pop(PRESET_MESSAGE, None)
     if message:

@@ -21,6 +21,9 @@ with c1:
     definition = bound(st.radio, "PR definition", PR_DEFINITION, list(DEFINITIONS), horizontal=True,
                        format_func=lambda d: {"entropy": "entropy effective rank", "classic": "classic PR"}[d])
 report = guarded(lambda: screen_report(ws, definition))
+if report.spectral is None:  # one checkpoint (a user's own model): no trajectory to integrate
+    st.info(f"{report.spectral_note} The Pattern screen page shows the screen and its candidate circuit.")
+    st.stop()
 n_layers, n_heads = report.shape
 k = int(c2.number_input("top-K heads", 1, n_layers * n_heads, int(report.spectral.k), key="spectral_k"))
 if k != report.spectral.k:

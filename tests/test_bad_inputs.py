@@ -10,10 +10,13 @@ its usage line and status 2, both before any work (no cache entry appears). The 
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import resource
 import shutil
+import subprocess
+import sys
 import time
 import tomllib
 import warnings
@@ -27,6 +30,7 @@ import core.workspace
 from core import store
 from core.__main__ import main
 from core.errors import HeadLabError
+from core.executor import ProgressBar
 from core.model.loading import load_model
 from core.model.memory import check_probe_batch_fits, probe_batch_bytes
 from core.model.refs import ModelRef, checkpoint_path, repair_hint, zoo_model_dir
@@ -101,13 +105,36 @@ CLI_CASES = [  # (id, argv with {tmp} for a scratch folder holding a-file, what 
     ("train --layers 0", ["train", "--name", "zero-layers", "--layers", "0", "--steps", "1"], "n_layers is 0"),
     ("screen threshold -5", ["screen", MODEL, *SMALL, "--induction-threshold", "-5"], "positive finite"),
     ("screen threshold nan", ["screen", MODEL, *SMALL, "--induction-threshold", "nan"], "positive finite"),
+    # issue 36: an option that only means something with another, checks in the right order
+    ("zoo --model without --as-hub", ["zoo", "--model", "induction-neox"], "--model only means something with --as-hub"),
+    ("zoo --revision-names without --as-hub", ["zoo", "--revision-names", "olmo"],
+     "--revision-names only means something with --as-hub"),
+    ("zoo --as-hub with --only", ["zoo", "--as-hub", "me/pythia-x", "--only", MODEL], "--as-hub trains nothing, so --only"),
+    ("zoo --as-hub ../x", ["zoo", "--as-hub", "../x"], "--as-hub '../x' is not a hub name: give ORG/NAME"),
+    ("zoo --as-hub noslash", ["zoo", "--as-hub", "noslash"], "--as-hub 'noslash' is not a hub name"),
+    ("zoo --as-hub a/b/c", ["zoo", "--as-hub", "a/b/c"], "--as-hub 'a/b/c' is not a hub name"),
+    ("probe --chunk-size 0", ["probe", MODEL, *SMALL, "--chunk-size", "0"], "0 is not a count of 1 or more"),
+    ("probe --chunk-size -1", ["probe", MODEL, *SMALL, "--chunk-size", "-1"], "-1 is not a count of 1 or more"),
+    ("screen --k 1.5", ["screen", MODEL, *SMALL, "--k", "1.5"], "'1.5' is neither a whole count of heads"),
+    ("screen --k 1000", ["screen", MODEL, *SMALL, "--k", "1000"], "K must be between 1 and 8 heads, got 1000"),
+    ("probe file ids outside the vocabulary", ["probe", MODEL, "--probe-file", "{tmp}/oov-ids.jsonl"],
+     "prompt_ids holds token id 99999, outside the model's vocabulary of 260 tokens"),
+    ("probe file target outside the vocabulary", ["probe", MODEL, "--probe-file", "{tmp}/oov-target.jsonl"],
+     "the target holds token id 100000, outside the model's vocabulary of 260 tokens"),
+    ("probe file a folder", ["probe", MODEL, "--probe-file", "{tmp}/empty"], "is a folder; give the path of a .jsonl file"),
+    ("probe file /dev/null", ["probe", MODEL, "--probe-file", "/dev/null"], "/dev/null is not a regular file"),
+    ("train --init-from nonexistent", ["train", "--name", "x6", "--init-from", "nonexistent", "--steps", "1"],
+     "init_from model 'nonexistent' does not exist"),
 ]
+IDS = list(range(1, 11))  # a prompt of ten byte tokens, the query's token 10 never seen before
 
 
 @pytest.mark.parametrize("argv, message", [c[1:] for c in CLI_CASES], ids=[c[0] for c in CLI_CASES])
 def test_cli_bad_input_is_one_line_and_status_2_before_any_work(home, tmp_path, capsys, argv, message):
     (tmp_path / "a-file").write_text("not a folder")
     (tmp_path / "empty").mkdir()
+    (tmp_path / "oov-ids.jsonl").write_text(json.dumps({"prompt_ids": IDS + [99999], "target": 5}))
+    (tmp_path / "oov-target.jsonl").write_text(json.dumps({"prompt_ids": IDS, "target": 100000}))
     before = sorted(p.name for p in (home / "zoo").iterdir())
     status, err = run_cli([a.format(tmp=tmp_path) for a in argv], capsys)
     assert status == 2
@@ -117,6 +144,106 @@ def test_cli_bad_input_is_one_line_and_status_2_before_any_work(home, tmp_path, 
     assert cache_entries(home) == []  # refused before any probe ran
     assert sorted(p.name for p in (home / "zoo").iterdir()) == before  # no half-made zoo model
     assert not (home / "escaped").exists() and not (tmp_path / "abs").exists()
+
+
+HOSTILE_HUB_NAMES = ["../x", "../../escaped/pythia-x", "noslash", "a/b/c", "/abs/pythia-x", "org/..", "org/../../x",
+                     "./pythia-x", "org/pythia-x/", "a--b/pythia-x", "org/pythia..x", "~/pythia-x", "org/pythia x", ""]
+
+
+def test_no_as_hub_name_writes_outside_the_hub_cache(home, tmp_path, capsys, monkeypatch):
+    """Every --as-hub name is checked for its shape before anything is written; a good one writes under the cache only."""
+    from huggingface_hub import constants as hub_constants
+
+    cache = tmp_path / "hf" / "hub"
+    cache.parent.mkdir()  # $HF_HOME: the cache folder inside it is made by the first good write
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.chdir(tmp_path)  # a relative name would land here
+
+    def everything() -> set[Path]:
+        return {p for p in tmp_path.parent.rglob("*")}
+
+    before = everything()
+    for name in HOSTILE_HUB_NAMES:
+        status, err = run_cli(["zoo", "--as-hub", name, "--model", MODEL, "--revision-names", "olmo"], capsys)
+        assert status == 2 and f"--as-hub {name!r} is not a hub name" in err, (name, err)
+        assert everything() == before, name  # nothing at all was written, in the cache or out of it
+    status, _ = run_cli(["zoo", "--as-hub", "me/pythia-tiny", "--model", MODEL], capsys)
+    assert status == 0
+    assert {p for p in everything() - before if not p.is_relative_to(cache)} == set()
+    assert (cache / "models--me--pythia-tiny" / "refs" / "main").is_file()
+
+
+def test_a_failed_init_from_leaves_no_folder_and_the_name_trains_later(home, capsys):
+    small = ["--layers", "1", "--heads", "1", "--d-model", "8", "--steps", "1", "--no-progress"]
+    status, err = run_cli(["train", "--name", "x6", "--init-from", "nonexistent", *small], capsys)
+    assert status == 2 and "models lists them" in err and "not fully trained" not in err
+    assert not (home / "zoo" / "x6").exists()
+    status, _ = run_cli(["train", "--name", "x6", *small], capsys)
+    assert status == 0 and json.loads((home / "zoo" / "x6" / "manifest.json").read_text())["complete"]
+
+
+def test_a_target_of_several_tokens_is_named_on_the_command_line(home, tmp_path, capsys):
+    probes = tmp_path / "names.jsonl"
+    probes.write_text(json.dumps({"prompt": "Mary Smith met John and Mary", "target": " Smith"}) + "\n")
+    status = main(["probe", MODEL, "--probe-file", str(probes)])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert "note: 1 of 1 targets have several tokens and only the first token of each is scored (line 1: ' Smith' is " \
+           "6 tokens, ' ' is scored)" in out
+
+
+def test_screen_of_a_single_checkpoint_folder_runs_the_pattern_screen_and_says_why_no_pr_integral(home, tmp_path, capsys):
+    """A user's own Hugging Face folder (one checkpoint, no training tokens): Steps 2 and the circuit, no Step 1."""
+    folder = save_tiny_model("gpt_neox", tmp_path / "my-model")
+    out = tmp_path / "screen.json"
+    status = main(["screen", str(folder), *SMALL, "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert status == 0
+    notes = [line for line in printed.splitlines() if line.startswith("PR-integral left out")]
+    assert notes == [f"PR-integral left out: {folder} has 1 checkpoint, 0 with a known training token count, and the "
+                     "PR-integral integrates the PR over training tokens (it needs two or more); the pattern screen "
+                     "and the candidate circuit read the final checkpoint alone."]
+    assert "candidate induction circuit" in printed and "top-K spectral" not in printed
+    result = json.loads(out.read_text())
+    assert result["spectral"] is None and result["top_k_spectral"] == [] and result["spectral_note"] == notes[0]
+    assert len(result["final_screen"]["patterns"]) == 6 and isinstance(result["candidate_circuit"], list)
+
+
+@pytest.mark.parametrize("page", ["spectral", "screen", "ablation"])
+def test_pages_that_show_the_screen_render_a_single_checkpoint_model(home, tmp_path, page):
+    # streamlit's test harness is imported by the app tests alone, as in the app tests above
+    from streamlit.testing.v1 import AppTest
+
+    folder = save_tiny_model("gpt_neox", tmp_path / "my-model")
+    at = AppTest.from_file(str(REPO / "app.py"), default_timeout=120)
+    at.query_params.update({"model": str(folder), "n": "8", "seq_len": "16"})
+    at.run()
+    at.switch_page(f"pages/{page}.py")
+    at.run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    if page == "spectral":
+        assert any("PR-integral left out" in i.value for i in at.info)
+
+
+def test_progress_bars_outside_a_terminal_print_a_few_whole_lines(home):
+    """A bar written to a pipe: at most 12 lines (start, each tenth, the end), no carriage returns."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HEADLAB_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "core", "probe", MODEL, "--all-checkpoints", *SMALL], cwd=REPO,
+                          env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    ours = [line for line in done.stderr.split("\n") if "probe (serial)" in line]
+    assert 2 <= len(ours) <= 12 and not any("\r" in line for line in ours), ours
+    assert "2/2" in ours[-1]
+    stream = io.StringIO()
+    bar = ProgressBar(total=1000, file=stream, desc="steps")
+    for step in range(1000):
+        bar.update(1)
+        bar.set_postfix(loss=1 / (step + 1))  # tqdm refreshes on every postfix: one line each without the rule
+    bar.close()
+    lines = stream.getvalue().split("\n")
+    assert lines[-1] == "" and len(lines) - 1 == 11 and "\r" not in stream.getvalue()  # 0, 100, ..., 1000
+    assert "1000/1000" in lines[-2]
 
 
 def test_json_in_an_unwritable_place_is_refused_before_the_probe(home, tmp_path, capsys, monkeypatch):

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from tqdm import tqdm
-
+from core.executor import ProgressBar
 from core.cli.backend import add_backend_arguments, executor_from_args
 from core.cli.probe import add_device_arguments
 from core.ablation.spec import SEQUENCE_MODES, mode_help, mode_label
@@ -64,7 +63,7 @@ def cli_attribution(args: argparse.Namespace) -> dict:
     if args.model is None:
         raise HeadLabError("give a MODEL (zoo name or folder) or --zoo-preset paper.")
     ref = ModelRef.parse(args.model)
-    with tqdm(total=None, desc=f"attribution {ref.name[-40:]}", bar_format="{desc}{postfix}", disable=args.no_progress) as bar:
+    with ProgressBar(total=None, desc=f"attribution {ref.name[-40:]}", bar_format="{desc}{postfix}", disable=args.no_progress) as bar:
         result = analyze_ref(ref, settings, args.revision, args.device, None if args.no_progress else postfix_progress(bar, ""),
                              args.dtype)
     print(_result_line(result))

@@ -10,12 +10,12 @@ import argparse
 import time
 from pathlib import Path
 
-from tqdm import tqdm
-
+from core.executor import ProgressBar
 from core.ablation.spec import PROBE_MODES, mode_help
 from core.ablation.study import AblationSettings, ablation_study
 from core.cli.backend import add_backend_arguments, executor_from_args
 from core.cli.probe import add_probe_spec_arguments, probe_spec_from_args, seed_arg
+from core.cli.recipe import k_arg
 from core.errors import HeadLabError
 from core.figures.ablation import ablation_bundles
 from core.figures.attribution import attribution_bundles
@@ -44,7 +44,7 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
                              "(every figure that applies to the model; repeatable)")
     parser.add_argument("--out", type=Path, required=True, help="folder to write the figures into")
     parser.add_argument("--pr", choices=("entropy", "classic"), default="entropy", help="PR definition (default entropy)")
-    parser.add_argument("--k", type=float, default=0.18, help="top-K: a count (>= 1) or a fraction (default 0.18)")
+    parser.add_argument("--k", type=k_arg, default=0.18, help="top-K: a whole count (>= 1) or a fraction below 1 (default 0.18)")
     parser.add_argument("--revision", default=None, help="checkpoint for screen and ablation (default: the final one)")
     parser.add_argument("--pattern", action="append", default=None,
                         help="screen pattern(s) to draw (default: every pattern)")
@@ -84,11 +84,11 @@ def cli_export(args: argparse.Namespace) -> dict:
     if sequence_model:
         return _export_attribution(ref, args, formats)
     spec = probe_spec_from_args(args)
-    k = int(args.k) if args.k >= 1 else float(args.k)
+    k = args.k
     checkpoint = resolve_checkpoint(ref, args.revision)
     report = None
     if "spectral" in wanted or "screen" in wanted or not args.heads:  # an ablation of given heads needs no screen
-        bar = tqdm(total=len(list_checkpoints(ref)), unit="ckpt", desc=f"screen {ref.name}"[-40:])
+        bar = ProgressBar(total=len(list_checkpoints(ref)), unit="ckpt", desc=f"screen {ref.name}"[-40:])
         try:
             settings = ScreenSettings(k=k, definition=args.pr,
                                       n_null_draws=500 if args.task == "induction" else 0)  # the null is an induction statistic
@@ -101,7 +101,9 @@ def cli_export(args: argparse.Namespace) -> dict:
     stem = Path(str(ref.name)).name
     out_dir = Path(args.out)
     written: list[Path] = []
-    if "spectral" in wanted:
+    if "spectral" in wanted and report.spectral is None:
+        print(f"{report.spectral_note} No spectral figures are written.")
+    elif "spectral" in wanted:
         for bundle in spectral_bundles(report):
             written += export_bundle(bundle, out_dir, f"{stem}-", formats)
     here = None  # Step 2 at the chosen checkpoint: membership and null floor
@@ -158,6 +160,10 @@ def _run_ablation(args: argparse.Namespace, ref: ModelRef, checkpoint, report, h
         heads = parse_heads(args.heads, int(model.cfg.n_layers), int(model.cfg.n_heads))
     else:
         heads = here.induction_heads
+        if len(heads) == 0 and report.spectral is None:
+            raise HeadLabError(f"no head reaches the membership threshold ({here.induction_threshold:.3g}x) at "
+                               f"{checkpoint.revision}, and {report.spectral_note[0].lower()}{report.spectral_note[1:]} "
+                               "Give the heads to ablate with --heads.")
         if len(heads) == 0:
             heads = HeadSet(tuple(report.spectral.top_heads))
             print(f"no head reaches the membership threshold ({here.induction_threshold:.3g}x) at "

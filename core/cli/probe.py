@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from tqdm import tqdm
-
 from core.errors import HeadLabError
 from core.cli.backend import add_backend_arguments, executor_from_args
-from core.executor import tqdm_progress
+from core.executor import ProgressBar, tqdm_progress
 from core.model.loading import DEFAULT_DTYPE, DTYPES, load_model
 from core.model.memory import check_probe_batch_fits
 from core.model.refs import ModelRef, list_checkpoints, resolve_checkpoint
@@ -28,6 +26,24 @@ def seed_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give a seed from 0 to {MAX_SEED}.") from None
     except HeadLabError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def positive_int(text: str) -> int:
+    """argparse type of a count flag that must be >= 1 (e.g. --chunk-size): refused with the other flags, before any work."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give a count of 1 or more.") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a count of 1 or more; give 1 or more (or leave the flag out "
+                                         "for the default).")
+    return value
+
+
+def say_probe_notes(spec: dict) -> None:
+    """Print the notes a probe file's batch carries (e.g. targets of several tokens), before the figures."""
+    for note in spec.get("notes", ()):
+        print(f"note: {note}")
 
 
 def add_device_arguments(parser: argparse.ArgumentParser) -> None:
@@ -81,7 +97,7 @@ def add_probe_arguments(parser: argparse.ArgumentParser) -> None:
     which.add_argument("--all-checkpoints", action="store_true", help="every checkpoint of each model")
     add_probe_spec_arguments(parser)
     add_probe_file_arguments(parser)
-    parser.add_argument("--chunk-size", type=int, default=None,
+    parser.add_argument("--chunk-size", type=positive_int, default=None,
                         help="examples per forward (default: as many as fit in the free memory)")
     add_backend_arguments(parser)
 
@@ -100,16 +116,18 @@ def cli_probe(args: argparse.Namespace) -> dict:
     if isinstance(probe, ProbeFile):  # tokenized by each model's own tokenizer: one sweep per model
         sweeps = [(pattern_batch_for(probe, load_model(ref, found[-1].checkpoint.revision, args.device, args.dtype)),
                    found) for ref, found in items.items()]
+        for batch, _ in sweeps:
+            say_probe_notes(batch.spec)
     else:
         sweeps = [(probe, [item for found in items.values() for item in found])]
     executor = executor_from_args(args)
     rows = []
     for batch_or_spec, found in sweeps:
-        with tqdm(total=len(found), unit="checkpoint", desc=f"probe ({executor.describe()})") as bar:
+        with ProgressBar(total=len(found), unit="checkpoint", desc=f"probe ({executor.describe()})") as bar:
             rows += probe_sweep(found, batch_or_spec, executor, device=args.device, dtype=args.dtype,
                                 chunk_size=args.chunk_size, progress=tqdm_progress(bar))
     for row in rows:
-        tqdm.write(f"{row['model']} {row['revision']}: {row['status']}")
+        ProgressBar.write(f"{row['model']} {row['revision']}: {row['status']}")
     first = sweeps[0][0]
     batch_spec = dict((first if isinstance(first, ProbeBatch) else first.build()).spec)
     return {"model": str(refs[0]), "models": [str(ref) for ref in refs], "task": batch_spec["task"],

@@ -8,12 +8,14 @@ branches named like Pythia's (or OLMo's), to run the hub path offline.
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from core.cli.backend import add_backend_arguments, executor_from_args
+from core.errors import HeadLabError
 from core.model.refs import zoo_model_dir
 from core.tasks.sequences import HHG_FORMATS, SEQ_VOCAB_SIZE
 from core.tasks.vocab import BYTE_VOCAB_SIZE
@@ -23,6 +25,8 @@ from core.zoo.presets import ZOO_PRESETS, check_threads_per_model, estimate_zoo,
 from core.zoo.train import train_model
 
 HUB_FIXTURE_MODEL = "induction-neox"  # the zoo model --as-hub writes unless --model says otherwise
+DEFAULT_PRESET = "quick"
+HUB_NAME_PART = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?")  # the hub's rule for ORG and NAME
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,16 +75,16 @@ def chosen(value: int | None, default: int) -> int:
 
 
 def add_zoo_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", choices=sorted(ZOO_PRESETS), default="quick")
+    parser.add_argument("--preset", choices=sorted(ZOO_PRESETS), default=None, help=f"default {DEFAULT_PRESET}")
     parser.add_argument("--only", default=None, help="train only this model of the preset")
     parser.add_argument("--estimate", action="store_true", help="print the time estimate and train nothing")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--json", type=Path, default=None, help="write the records list here")
     parser.add_argument("--as-hub", default=None, metavar="ORG/NAME",
                         help="write a trained zoo model into the Hugging Face cache ($HF_HOME/hub) as this hub model; trains nothing")
-    parser.add_argument("--model", default=HUB_FIXTURE_MODEL, help="with --as-hub: the zoo model to write")
-    parser.add_argument("--revision-names", choices=REVISION_STYLES, default="pythia",
-                        help="with --as-hub: branch names step{N} (Pythia) or step{N}-tokens{X}B (OLMo)")
+    parser.add_argument("--model", default=None, help=f"with --as-hub: the zoo model to write (default {HUB_FIXTURE_MODEL})")
+    parser.add_argument("--revision-names", choices=REVISION_STYLES, default=None,
+                        help="with --as-hub: branch names step{N} (Pythia, the default) or step{N}-tokens{X}B (OLMo)")
     add_hhg_format_argument(parser)
     add_backend_arguments(parser)
     parser.add_argument("--threads-per-model", type=int, default=None, metavar="N",
@@ -90,17 +94,20 @@ def add_zoo_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cli_zoo(args: argparse.Namespace) -> dict | list:
     """Train the preset (no-op for trained models) and return one record per model."""
+    check_zoo_flags(args)
+    preset = args.preset or DEFAULT_PRESET
     if getattr(args, "estimate", False):
-        return estimate_zoo(args.preset, args.only, hhg_format=args.hhg_format)
-    if getattr(args, "as_hub", None):
-        record = write_hub_cache(args.model, args.as_hub, style=args.revision_names)
+        return estimate_zoo(preset, args.only, hhg_format=args.hhg_format)
+    if args.as_hub is not None:
+        record = write_hub_cache(args.model or HUB_FIXTURE_MODEL, check_hub_name(args.as_hub),
+                                 style=args.revision_names or "pythia")
         print(f"{record['model']} -> hub model {record['repo_id']} in {record['repo_folder']}: "
               + ", ".join(c["revision"] for c in record["checkpoints"]) + " (main = the last)")
         return record
     check_threads_per_model(args.threads_per_model)  # before a Ray cluster starts
     executor = executor_from_args(args)  # also refuses --address without --backend ray
     # serial: train_zoo's own loop (a bar per model; the thread policy's count unless --threads-per-model)
-    records = train_zoo(args.preset, progress=not args.no_progress, only=args.only,
+    records = train_zoo(preset, progress=not args.no_progress, only=args.only,
                         executor=None if executor.backend == "serial" else executor,
                         threads_per_model=args.threads_per_model, hhg_format=args.hhg_format)
     for r in records:
@@ -108,3 +115,38 @@ def cli_zoo(args: argparse.Namespace) -> dict | list:
         print(f"{r['name']}: {r['family']} {r['n_layers']}x{r['n_heads']}, {r['checkpoints']} checkpoints, "
               f"{r['train_seconds']:.0f} s, {figures}")
     return records
+
+
+def check_zoo_flags(args: argparse.Namespace) -> None:
+    """Refuse, before any work, a flag that means nothing with the others: --as-hub trains nothing,
+    and --model / --revision-names only say what --as-hub writes (without it the whole preset would train)."""
+    if args.as_hub is None:
+        alone = [flag for flag, value in (("--model", args.model), ("--revision-names", args.revision_names))
+                 if value is not None]
+        if alone:
+            raise HeadLabError(f"{' and '.join(alone)} only {'means' if len(alone) == 1 else 'mean'} something with "
+                               "--as-hub ORG/NAME (which writes a "
+                               "trained zoo model into the Hugging Face cache); add --as-hub, or use --only MODEL to "
+                               "train one model of the preset.")
+        return
+    training = [flag for flag, value in (("--preset", args.preset), ("--only", args.only),
+                                         ("--estimate", args.estimate or None),
+                                         ("--threads-per-model", args.threads_per_model),
+                                         ("--hhg-format", None if args.hhg_format == "headlab" else args.hhg_format),
+                                         ("--backend", None if args.backend == "serial" else args.backend))
+                if value is not None]
+    if training:
+        raise HeadLabError(f"--as-hub trains nothing, so {' and '.join(training)} mean nothing with it; drop "
+                           f"{'it' if len(training) == 1 else 'them'}, or train first (zoo --only MODEL) and then "
+                           "write it with --as-hub ORG/NAME --model MODEL.")
+
+
+def check_hub_name(name: str) -> str:
+    """A hub model name ORG/NAME, checked before anything is written: it becomes one folder name inside the
+    hub cache (models--ORG--NAME), so a path (.., /, an absolute path) must never reach the file system."""
+    parts = name.split("/")
+    if len(parts) != 2 or not all(HUB_NAME_PART.fullmatch(p) for p in parts) or ".." in name or "--" in name:
+        raise HeadLabError(f"--as-hub {name!r} is not a hub name: give ORG/NAME, two parts of letters, digits, '-', "
+                           "'_' and '.' (no path, no '..' or '--', each part 1 to 96 characters), e.g. "
+                           f"headlab/pythia-{HUB_FIXTURE_MODEL}.")
+    return name

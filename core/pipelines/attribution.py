@@ -45,11 +45,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from tqdm import tqdm
-
 from core.ablation.spec import MODE_HELP, mode_label
 from core.errors import HeadLabError
-from core.executor import Executor, Task, tqdm_progress
+from core.executor import Executor, ProgressBar, Task, tqdm_progress
 from core.model.loading import DEFAULT_DTYPE, dtype_name, load_hf_model, load_model
 from core.model.refs import ModelRef, list_zoo, repair_hint, resolve_checkpoint
 from core.pipelines.attribution_measures import (
@@ -318,7 +316,7 @@ def run_preset(preset: str, settings: AttributionSettings, device: str = "cpu", 
         elif stored_skip is not None:
             outcome[name] = ("skipped", stored_skip["reason"])
     todo = [name for name in ready if name not in outcome]
-    bar = tqdm(total=len(todo), desc=f"attribution {settings.task}", unit="model", disable=not progress)
+    bar = ProgressBar(total=len(todo), desc=f"attribution {settings.task}", unit="model", disable=not progress)
     with bar:
         if executor is None:
             for name in todo:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import numpy as np
+import torch
 
 from core.ablation.study import AblationSettings, ablation_study, summarize_ablation
 from core.ablation.workers import ablation_study_on, ablation_workers
@@ -24,8 +25,10 @@ from core.model.refs import Checkpoint, ModelRef, list_checkpoints, resolve_chec
 from core.pipelines.sweep import SweepItem, probe_sweep
 from core.probe import HeadStats, check_probe_fits, head_stats, pattern_batch_for, probe_batch_for
 from core.results import JsonResult
-from core.stats.selectivity import BASELINE_KINDS, CLASS_THRESHOLD, INDUCTION_THRESHOLD, ScreenResult, selectivity
-from core.stats.spectral import DEFAULT_DEFINITION, DEFAULT_RULE, PR_DEFINITIONS, SpectralResult, pr_per_head
+from core.stats.selectivity import (BASELINE_KINDS, CLASS_THRESHOLD, DEFAULT_BASELINE_N, DEFAULT_BASELINE_SEED,
+                                    DEFAULT_NULL_SEED, INDUCTION_THRESHOLD, ScreenResult, gather_pattern_attention,
+                                    null_induction_selectivity, selectivity, selectivity_denominator)
+from core.stats.spectral import DEFAULT_DEFINITION, DEFAULT_RULE, PR_DEFINITIONS, SpectralResult, pr_per_head, resolve_k
 from core.tasks import ProbeFile, ProbeSpec
 
 REFERENCE_PROBE_LENGTH = 256
@@ -50,18 +53,39 @@ def screen_checkpoint(stats: HeadStats, baseline: str = "random", class_threshol
     """
     if induction_threshold is None:
         induction_threshold = scaled_induction_threshold(stats.query_pos)
-    if stats.attn_query is not None:
+    if stats.attn_query is not None and stats.attn_query.dtype == torch.float32:
         return ScreenResult.from_attention(
             stats.attn_query.float(), stats.query_pos, stats.induction_pos, stats.duplicate_pos,
             baseline=baseline, threshold=class_threshold, induction_threshold=induction_threshold,
             n_null_draws=n_null_draws,
         )
+    # float16 rows (probes above 2^24 attention entries) or none: the selectivity from the float32 summaries
     targets = {name: stats.pattern(name) for name in stats.patterns}
     sel, names = selectivity(targets, stats.attn_baseline, baseline, stats.query_pos)
     member_sel, _ = selectivity(targets, stats.attn_baseline, "uniform", stats.query_pos, names)
+    null = None
+    if stats.attn_query is not None and n_null_draws > 0:
+        null = float32_denominator_null(stats, baseline, n_null_draws)
     return ScreenResult(patterns=names, selectivity=sel, baseline=baseline, n_examples=stats.n_examples,
-                        threshold=class_threshold, induction_threshold=induction_threshold,
+                        threshold=class_threshold, induction_threshold=induction_threshold, null=null,
                         membership_selectivity=member_sel)
+
+
+def float32_denominator_null(stats: HeadStats, baseline: str, n_null_draws: int) -> np.ndarray:
+    """The induction null [draw, layer, head] from float16 rows, over the float32 summaries' denominator.
+
+    The null's random targets are single keys of each row, so its numerator needs the stored rows
+    (float16 above 2^24 entries, relative rounding about 5e-4); its denominator, the same as the
+    real selectivity's, comes from the float32 attn_baseline, so the two are compared on one scale.
+    """
+    rows = stats.attn_query.float()  # [example, layer, head, key]
+    null = null_induction_selectivity(rows, stats.query_pos, stats.induction_pos, stats.duplicate_pos, n_null_draws,
+                                      DEFAULT_NULL_SEED, baseline)
+    from_rows = gather_pattern_attention(rows, stats.query_pos, stats.induction_pos, stats.duplicate_pos,
+                                         DEFAULT_BASELINE_N, DEFAULT_BASELINE_SEED)
+    shape = tuple(rows.shape[1:3])
+    rows_denom = selectivity_denominator(from_rows.baseline, baseline, from_rows.query_pos, shape)
+    return null * rows_denom / selectivity_denominator(stats.attn_baseline, baseline, stats.query_pos, shape)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -72,18 +96,21 @@ def screen_checkpoint(stats: HeadStats, baseline: str = "random", class_threshol
 class ScreenReport:
     """Steps 1-2 of one model over its checkpoints, with provenance.
 
-    spectral:  PR [checkpoint, layer, head], PR-integral and ranking (Step 1)
-    final:     the pattern screen at the final checkpoint (Step 2)
+    spectral:  PR [checkpoint, layer, head], PR-integral and ranking (Step 1); None for a model with fewer
+               than two checkpoints of known token counts (the PR-integral needs a trajectory), and
+               spectral_note then says why
+    final:     the pattern screen at the final checkpoint (Step 2): it needs that checkpoint alone
     selectivity_by_checkpoint: [checkpoint, pattern, layer, head], for animating the screen
     """
 
     model: str
     checkpoints: tuple[Checkpoint, ...]
     probe_spec: dict
-    spectral: SpectralResult
+    spectral: Optional[SpectralResult]
     final: ScreenResult
     selectivity_by_checkpoint: np.ndarray
     shape: tuple[int, int]
+    spectral_note: str = ""
 
     @property
     def candidate_circuit(self) -> HeadSet:
@@ -95,14 +122,15 @@ class ScreenReport:
 
     def to_json(self) -> dict:
         """The fields (final as "final_screen") plus the derived circuits and fractions a reader wants; hand-written for those."""
-        spectral = self.spectral.to_json()
+        spectral = None if self.spectral is None else self.spectral.to_json()
         return {
             "model": self.model,
             "checkpoints": [c.to_json() for c in self.checkpoints],
             "probe_spec": self.probe_spec,
             "shape": list(self.shape),
             "spectral": spectral,
-            "top_k_spectral": [head_name(h) for h in self.spectral.top_heads],
+            "top_k_spectral": [] if self.spectral is None else [head_name(h) for h in self.spectral.top_heads],
+            "spectral_note": self.spectral_note,
             "final_screen": self.final.to_json(),
             "selectivity_by_checkpoint": self.selectivity_by_checkpoint.tolist(),
             "candidate_circuit": [head_name(h) for h in self.candidate_circuit],
@@ -116,10 +144,11 @@ class ScreenReport:
             model=data["model"],
             checkpoints=tuple(Checkpoint.from_json(c) for c in data["checkpoints"]),
             probe_spec=data["probe_spec"],
-            spectral=SpectralResult.from_json(data["spectral"]),
+            spectral=None if data["spectral"] is None else SpectralResult.from_json(data["spectral"]),
             final=ScreenResult.from_json(data["final_screen"]),
             selectivity_by_checkpoint=np.asarray(data["selectivity_by_checkpoint"], dtype=float),
             shape=tuple(data["shape"]),
+            spectral_note=data.get("spectral_note", ""),
         )
 
 
@@ -143,8 +172,11 @@ class ScreenSettings(JsonResult):
     n_null_draws: int = 500
 
     def __post_init__(self) -> None:
-        if not self.k > 0:
-            raise HeadLabError(f"screen k must be a positive count or fraction, got {self.k}.")
+        if isinstance(self.k, bool) or not (self.k > 0 and (self.k < 1 or float(self.k).is_integer())):
+            raise HeadLabError(f"screen K must be a whole count of heads (1 or more) or a fraction below 1 (e.g. 0.18), "
+                               f"got {self.k}.")
+        if self.k >= 1:
+            object.__setattr__(self, "k", int(self.k))
         if self.definition not in PR_DEFINITIONS:
             raise HeadLabError(f"screen definition {self.definition!r} is unknown; use one of {', '.join(PR_DEFINITIONS)}.")
         if self.baseline not in BASELINE_KINDS:
@@ -170,7 +202,9 @@ def screen(ref: ModelRef, spec: ProbeSpec | ProbeFile, settings: ScreenSettings 
     """
     s = settings
     checkpoints = tuple(list_checkpoints(ref))
-    check_probe_fits(spec, load_config(ref, checkpoints[-1].revision))
+    config = load_config(ref, checkpoints[-1].revision)
+    resolve_k(s.k, config.num_hidden_layers * config.num_attention_heads)  # K is refused before any work
+    check_probe_fits(spec, config)
     if isinstance(spec, ProbeFile):
         batch = pattern_batch_for(spec, load_model(ref, checkpoints[-1].revision, device=device, dtype=dtype))
     else:
@@ -195,18 +229,25 @@ def screen(ref: ModelRef, spec: ProbeSpec | ProbeFile, settings: ScreenSettings 
         if progress:
             progress(index + 1, len(checkpoints), ckpt.revision)
     tokens = [c.tokens for c in checkpoints]
-    usable = [i for i, t in enumerate(tokens) if t > 0]
-    if len(usable) < 2:
-        raise HeadLabError(
-            f"{ref.name} has fewer than two checkpoints with known token counts; the PR-integral "
-            "needs a training trajectory (pick a model with checkpoints)."
-        )
-    spectral = SpectralResult.build(np.stack(pr), tokens, k=s.k, definition=s.definition, rule=s.rule,
-                                    revisions=[c.revision for c in checkpoints])
+    spectral, note = None, spectral_left_out(ref.name, tokens)
+    if not note:
+        spectral = SpectralResult.build(np.stack(pr), tokens, k=s.k, definition=s.definition, rule=s.rule,
+                                        revisions=[c.revision for c in checkpoints])
     n_layers, n_heads = final_screen.selectivity.shape[1:]
     return ScreenReport(model=ref.name, checkpoints=checkpoints, probe_spec=dict(batch.spec),
                         spectral=spectral, final=final_screen,
-                        selectivity_by_checkpoint=np.stack(sel_by_ckpt), shape=(n_layers, n_heads))
+                        selectivity_by_checkpoint=np.stack(sel_by_ckpt), shape=(n_layers, n_heads), spectral_note=note)
+
+
+def spectral_left_out(model: str, tokens: list[int]) -> str:
+    """Why Step 1 is left out ("" when it is not): the PR-integral integrates over ln(tokens), so it needs two
+    checkpoints with known token counts; the pattern screen and its candidate circuit need the final one alone."""
+    known = sum(t > 0 for t in tokens)
+    if known >= 2:
+        return ""
+    return (f"PR-integral left out: {model} has {len(tokens)} checkpoint{'' if len(tokens) == 1 else 's'}, {known} "
+            "with a known training token count, and the PR-integral integrates the PR over training tokens (it needs "
+            "two or more); the pattern screen and the candidate circuit read the final checkpoint alone.")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -155,19 +155,34 @@ class ProbeFile:
             raise HeadLabError(f"probe file {self.name}: line {line} has no corrupted_target but other lines do; give "
                                "one on every line (the logit difference target - corrupted target) or on none.")
         encoded = [_encode(r, tokenizer, context_length) for r in self.records]
-        batch, corrupted = _assemble(encoded, tokenizer, self.padding, self._spec(encoded))
+        batch, corrupted = _assemble(encoded, tokenizer, self.padding, self._spec(encoded, tokenizer))
         target = torch.tensor([e.corrupted_target for e in encoded]) if with_target else None
         return PatchPair(batch, corrupted, target, dict(batch.spec))
 
     def build_batch(self, tokenizer: Any, context_length: int | None = None) -> ProbeBatch:
         """The clean prompts alone, for ablation (a corrupted_prompt is not needed, nor read)."""
         encoded = [_encode(r, tokenizer, context_length, pair=False) for r in self.records]
-        return _assemble(encoded, tokenizer, self.padding, self._spec(encoded))[0]
+        return _assemble(encoded, tokenizer, self.padding, self._spec(encoded, tokenizer))[0]
 
-    def _spec(self, encoded: list[_Encoded]) -> dict:
-        several = sum(e.target_tokens > 1 for e in encoded)
-        notes = [f"{several} of {len(encoded)} targets have several tokens; the first token of each is scored."] if several else []
+    def _spec(self, encoded: list[_Encoded], tokenizer: Any) -> dict:
+        """The batch's spec: the file's identity and notes, one naming the targets of several tokens (the first 3)."""
+        several = [(r, e) for r, e in zip(self.records, encoded) if e.target_tokens > 1]
+        notes = []
+        if several:
+            named = "; ".join(f"line {r.line}: {r.target!r} is {e.target_tokens} tokens, {_decoded(tokenizer, e.target)!r} "
+                              "is scored" for r, e in several[:3])
+            notes.append(f"{len(several)} of {len(encoded)} targets have several tokens and only the first token of each "
+                         f"is scored ({named}{'; ...' if len(several) > 3 else ''}); give one-token targets to score "
+                         "exactly what you wrote.")
         return {**self.to_json(), "notes": notes}
+
+
+def _decoded(tokenizer: Any, token: int) -> str:
+    """One token id as text, for a note (the id itself when the tokenizer cannot decode)."""
+    try:
+        return str(tokenizer.decode([token]))
+    except (AttributeError, TypeError, ValueError):
+        return f"token {token}"
 
 
 def read_probe_file(source: str | Path | bytes, name: str | None = None, padding: str = "right") -> ProbeFile:
@@ -179,7 +194,12 @@ def read_probe_file(source: str | Path | bytes, name: str | None = None, padding
         data, name = bytes(source), name or "uploaded probe file"
     else:
         path = Path(source)
-        if not path.is_file():
+        if path.is_dir():
+            raise HeadLabError(f"probe file {path} is a folder; give the path of a .jsonl file (one JSON record per line).")
+        if path.exists() and not path.is_file():
+            raise HeadLabError(f"probe file {path} is not a regular file (a device, pipe or socket); save the records "
+                               "to a .jsonl file and give its path.")
+        if not path.exists():
             raise HeadLabError(f"probe file {path} does not exist; give the path of a .jsonl file.")
         data, name = path.read_bytes(), name or path.name
     try:
@@ -205,9 +225,26 @@ def _ids(prompt: Prompt, tokenizer: Any, special: bool) -> list[int]:
     return list(prompt) if isinstance(prompt, tuple) else list(tokenizer.encode(prompt, add_special_tokens=special))
 
 
+def _vocab_size(tokenizer: Any) -> int | None:
+    """The tokenizer's token count (ids 0 .. n - 1), or None when it cannot say."""
+    try:
+        return int(len(tokenizer))
+    except TypeError:
+        return None
+
+
+def _check_in_vocab(ids: list[int], tokenizer: Any, line: int, what: str) -> None:
+    """Refuse ids given in the file that the model's tokenizer has no token for (the file's ids, not the tokenizer's)."""
+    vocab = _vocab_size(tokenizer)
+    if vocab is not None and ids and max(ids) >= vocab:
+        raise HeadLabError(f"probe file line {line}: {what} holds token id {max(ids)}, outside the model's vocabulary of "
+                           f"{vocab} tokens (ids 0 to {vocab - 1}); give ids the model's tokenizer makes, or text.")
+
+
 def _target_id(target: Target, tokenizer: Any, line: int, what: str) -> tuple[int, int]:
     """(the first token id of the target, how many tokens it has)."""
     if isinstance(target, int):
+        _check_in_vocab([target], tokenizer, line, f"the {what}")
         return target, 1
     ids = _ids(target, tokenizer, special=False)
     if not ids:
@@ -221,6 +258,8 @@ def _encode(record: ProbeRecord, tokenizer: Any, context_length: int | None, pai
     corrupted ids are the clean ones (unread)."""
     line = record.line
     clean = _ids(record.prompt, tokenizer, special=True)
+    if isinstance(record.prompt, tuple):
+        _check_in_vocab(clean, tokenizer, line, "prompt_ids")
     if context_length is not None and len(clean) > int(context_length):
         raise HeadLabError(f"probe file line {line}: the prompt is {len(clean)} tokens, longer than the model's context "
                            f"of {int(context_length)}; shorten it.")
@@ -234,6 +273,8 @@ def _encode(record: ProbeRecord, tokenizer: Any, context_length: int | None, pai
     if not pair:
         return _Encoded(clean, clean, target, None, query, n_target)
     tokens = _ids(record.corrupted_prompt, tokenizer, special=True)
+    if isinstance(record.corrupted_prompt, tuple):
+        _check_in_vocab(tokens, tokenizer, line, "the corrupted_prompt")
     if len(tokens) != len(clean):
         raise HeadLabError(f"probe file line {line}: the prompt is {len(clean)} tokens but the corrupted_prompt "
                            f"{len(tokens)}; patching needs each pair to have equal token lengths.")

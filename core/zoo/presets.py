@@ -20,10 +20,9 @@ from dataclasses import replace
 from typing import Callable
 
 import torch
-from tqdm.auto import tqdm
 
 from core.errors import HeadLabError
-from core.executor import Executor, ProgressFn, SerialExecutor, SweepFailed, Task, tqdm_progress
+from core.executor import Executor, ProgressBar, ProgressFn, SerialExecutor, SweepFailed, Task, tqdm_progress
 from core.threads import apply_thread_policy
 from core.workspace import zoo_dir
 from core.tasks.sequences import check_hhg_format
@@ -50,7 +49,7 @@ _INDUCTION_TRAIN = TrainConfig(
 # the synthetic probe's distances (p+1 sits 31-42 tokens before the query at T = 64). Trained on
 # 8-32-byte repeats throughout, the same seed's four induction heads put only 54-69% of their
 # attention on p+1 there (selectivity 34-44x against 1/(q+1), below the literal 50x); with repeats
-# to 40 they put more on it, at some cost at short distances (figures in the README). The paper
+# to 40 they put more on it, at some cost at short distances (figures in docs/zoo.md). The paper
 # preset keeps the 8-32 recipe its replication reports were made with.
 _QUICK_INDUCTION_TRAIN = replace(_INDUCTION_TRAIN, mixture_chunk_max=40)
 _HHG = ModelConfig(
@@ -359,7 +358,7 @@ def train_zoo(preset: str = "quick", progress: bool | Callable[[int, int, float]
             records[name] = zoo_record(manifest)
     elif todo:
         threads = int(threads_per_model or 1)
-        with tqdm(total=len(todo), unit="model", desc=f"zoo {preset} ({executor.describe()})",
+        with ProgressBar(total=len(todo), unit="model", desc=f"zoo {preset} ({executor.describe()})",
                   disable=not progress) as bar:
             records.update(_train_on(executor, todo, threads, tqdm_progress(bar) if progress else None))
     return [records[name] for name, _, _ in entries]

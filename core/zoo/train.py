@@ -26,11 +26,11 @@ from typing import Callable
 import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, GPTNeoXConfig, LlamaConfig, OlmoeConfig, PreTrainedTokenizerFast
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 from transformers.utils import logging as hf_logging
 
+from core.executor import ProgressBar
 from core.errors import HeadLabError
 from core.model.refs import MANIFEST, read_manifest
 from core.tasks import duplicate, mixture, sequences, token_repeats, vocab
@@ -384,7 +384,10 @@ def _initial_model(model_cfg: ModelConfig, train_cfg: TrainConfig):
     if not parent_dir.is_dir():
         parent_dir = zoo_dir() / train_cfg.init_from
     parent = read_manifest(parent_dir, missing_ok=True)
-    if not parent or not parent.get("complete"):
+    if not parent:
+        raise HeadLabError(f"init_from model {train_cfg.init_from!r} does not exist (no zoo model or model folder of that "
+                           "name); give a trained zoo model (python -m core models lists them).")
+    if not parent.get("complete"):
         raise HeadLabError(f"init_from model {train_cfg.init_from!r} is not fully trained; train it first (python -m core zoo).")
     parent_cfg = ModelConfig.from_json(parent["config"]["model"])
     if parent_cfg != model_cfg:
@@ -415,8 +418,8 @@ def train_model(
         if not _same_config(existing.get("config"), model_cfg, train_cfg):
             raise HeadLabError(f"{out_dir} holds a finished model with a different config; delete that folder or pick another name.")
         return existing
+    model = _initial_model(model_cfg, train_cfg)  # before the folder exists: a refused init_from leaves nothing behind
     out_dir.mkdir(parents=True, exist_ok=True)
-    model = _initial_model(model_cfg, train_cfg)
     model.train()
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=train_cfg.lr, betas=train_cfg.betas, eps=train_cfg.adam_eps,
@@ -442,7 +445,7 @@ def train_model(
     tokens_per_step = _tokens_per_step(train_cfg)
     bar = None
     if progress is True:
-        bar = tqdm(total=total, initial=meta["step"], desc=name, unit="step", leave=True)
+        bar = ProgressBar(total=total, initial=meta["step"], desc=name, unit="step", leave=True)
     callback = progress if callable(progress) else None
 
     def manifest(complete: bool, final: dict | None = None) -> dict:

@@ -39,7 +39,9 @@ def test_right_padding_keeps_positions_and_masks_the_tail():
     # the query "b" (pos 8) occurred at pos 2: p = 2, p + 1 = 3; the ids row's query 12 never occurred before
     assert clean.duplicate_pos.tolist() == [2, 0] and clean.induction_pos.tolist() == [3, 1]
     assert clean.spec["pattern_found"] == [True, False]
-    assert clean.spec["notes"] == ["1 of 2 targets have several tokens; the first token of each is scored."]
+    assert clean.spec["notes"] == ["1 of 2 targets have several tokens and only the first token of each is scored "
+                                   "(line 1: 'cd' is 2 tokens, 'c' is scored); give one-token targets to score exactly "
+                                   "what you wrote."]
 
 
 def test_left_padding_lines_the_queries_up_and_masks_the_head():
