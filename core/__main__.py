@@ -80,16 +80,27 @@ def _write_json(path: Path, result: object) -> None:
                            "so free some space or choose another path and rerun (cached work is reused).") from None
 
 
+def _missing_folder(path: Path) -> Path | None:
+    """The outermost folder above `path` that does not exist yet (the write makes it), or None."""
+    missing = None
+    for parent in Path(path).parents:
+        if parent.exists():
+            break
+        missing = parent
+    return missing
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.json is not None:
             check_output_file(args.json, "--json")  # before the work, not after it
+            made = _missing_folder(args.json)  # the write creates it: said on the line that reports the file
         apply_thread_policy()  # torch's threads from the CPUs' load now (core/threads.py)
         result = args.run(args)
         if args.json is not None and result is not None:
             _write_json(args.json, result)
-            print(f"wrote {args.json}")
+            print(f"wrote {args.json}" + (f" (created the folder {made})" if made else ""))
     except HeadLabError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -259,8 +259,11 @@ def test_json_in_an_unwritable_place_is_refused_before_the_probe(home, tmp_path,
 
 def test_a_good_json_path_still_gets_the_result(home, tmp_path, capsys):
     out = tmp_path / "new" / "probe.json"
-    status, _ = run_cli(["probe", MODEL, *SMALL, "--json", out], capsys)
+    status = main(["probe", MODEL, *SMALL, "--json", str(out)])
     assert status == 0 and json.loads(out.read_text())["model"] == MODEL
+    assert f"wrote {out} (created the folder {tmp_path / 'new'})" in capsys.readouterr().out  # said, not silent
+    status = main(["probe", MODEL, *SMALL, "--json", str(out)])
+    assert status == 0 and capsys.readouterr().out.splitlines()[-1] == f"wrote {out}"  # the folder exists now
 
 
 def test_train_with_the_default_flags_left_out_is_not_refused(home):
