@@ -16,7 +16,10 @@ core.bench.probe times the pass.
 
 Precision: a model loaded in bfloat16 or float16 runs its forward pass in that dtype, but every
 hook casts what it keeps to float32 before any sum or product (the pattern summaries, the clean
-metrics' logsumexp), so HeadStats tensors are float32 whatever the model's dtype.
+metrics' logsumexp), so HeadStats tensors are float32 whatever the model's dtype. The one
+exception is attn_query above FLOAT32_ROW_LIMIT entries, stored in float16 to bound memory: the
+pattern screen then reads its selectivity from the float32 summaries and uses the rows only for
+the noise floor's null (core.pipelines.recipe.screen_checkpoint).
 """
 
 from __future__ import annotations
