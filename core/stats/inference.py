@@ -223,10 +223,11 @@ def recipe_verdict(
 
 def below_minimum(verdict: Verdict, n_examples: int, min_examples: int = MIN_VERDICT_EXAMPLES) -> Verdict:
     """The verdict as "inconclusive" when it rests on fewer than min_examples examples; unchanged otherwise."""
-    if int(n_examples) >= int(min_examples) or verdict.label == "inconclusive":
+    if int(n_examples) >= int(min_examples):
         return verdict
-    why = (f"only {int(n_examples)} example{'s' if int(n_examples) != 1 else ''}: a verdict needs at least {min_examples} "
-           f"(it would have read {verdict.label!r}); use more examples (--n, or more probe-file records).")
+    would = "" if verdict.label == "inconclusive" else f" (it would have read {verdict.label!r})"
+    why = (f"only {int(n_examples)} example{'s' if int(n_examples) != 1 else ''}: a verdict needs at least {min_examples}"
+           f"{would}; use more examples (--n, or more probe-file records).")
     return Verdict("inconclusive", verdict.rule, (why,) + tuple(verdict.reasons), verdict.z)
 
 

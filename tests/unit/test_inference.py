@@ -190,5 +190,6 @@ def test_a_verdict_from_too_few_examples_is_inconclusive():
     assert from_one.reasons[1:] == ("every delta is damage",)
     assert below_minimum(Verdict("causal", "recipe"), n_examples=MIN_VERDICT_EXAMPLES).label == "causal"
     assert below_minimum(Verdict("not causal", "recipe"), n_examples=9).label == "inconclusive"
-    kept = Verdict("inconclusive", "recipe", ("only 2 control draws ran",))
-    assert below_minimum(kept, n_examples=1) is kept
+    already = below_minimum(Verdict("inconclusive", "recipe", ("only 2 control draws ran",)), n_examples=1)
+    assert already.label == "inconclusive" and already.reasons[1] == "only 2 control draws ran"
+    assert already.reasons[0].startswith("only 1 example: a verdict needs at least 10;")  # the minimum is stated too
