@@ -106,7 +106,9 @@ with left:
                             here.induction_threshold, here.membership_baseline), "inspector_scores")
 with right:
     report = guarded(lambda: screen_report(ws), stop=False)
-    if report is not None:
+    if report is not None and report.spectral is None:  # one checkpoint: no PR trajectory to draw
+        st.info(report.spectral_note)
+    elif report is not None:
         show_figure(head_pr(report.spectral, head, report.model, report.probe_spec, ws.checkpoint.tokens), "inspector_pr")
 
 # ------------------------------------------------------------------ which examples ablating it hurt most

@@ -209,21 +209,27 @@ def test_screen_of_a_single_checkpoint_folder_runs_the_pattern_screen_and_says_w
     assert len(result["final_screen"]["patterns"]) == 6 and isinstance(result["candidate_circuit"], list)
 
 
-@pytest.mark.parametrize("page", ["spectral", "screen", "ablation"])
-def test_pages_that_show_the_screen_render_a_single_checkpoint_model(home, tmp_path, page):
+def test_every_page_renders_a_single_checkpoint_model(home, tmp_path):
+    """No page breaks on a user's one-checkpoint folder: those that show Step 1 say why it is left out, and the
+    co-activation page (its labels are the PR-integral's top-K) refuses with that reason."""
     # streamlit's test harness is imported by the app tests alone, as in the app tests above
     from streamlit.testing.v1 import AppTest
 
     folder = save_tiny_model("gpt_neox", tmp_path / "my-model")
-    at = AppTest.from_file(str(REPO / "app.py"), default_timeout=120)
+    at = AppTest.from_file(str(REPO / "app.py"), default_timeout=300)
     at.query_params.update({"model": str(folder), "n": "8", "seq_len": "16"})
     at.run()
-    at.switch_page(f"pages/{page}.py")
-    at.run()
-    assert not at.exception, at.exception
-    assert not at.error, [e.value for e in at.error]
-    if page == "spectral":
-        assert any("PR-integral left out" in i.value for i in at.info)
+    for page in sorted(path.stem for path in (REPO / "pages").glob("[!_]*.py")):
+        at.switch_page(f"pages/{page}.py")
+        at.run()
+        assert not at.exception, (page, at.exception)
+        errors = [e.value for e in at.error]
+        if page == "coactivation":
+            assert len(errors) == 1 and "PR-integral left out" in errors[0], errors
+        else:
+            assert errors == [], (page, errors)
+        if page in ("spectral", "inspector"):
+            assert any("PR-integral left out" in i.value for i in at.info), page
 
 
 def test_progress_bars_outside_a_terminal_print_a_few_whole_lines(home):

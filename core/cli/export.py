@@ -162,7 +162,7 @@ def _run_ablation(args: argparse.Namespace, ref: ModelRef, checkpoint, report, h
         heads = here.induction_heads
         if len(heads) == 0 and report.spectral is None:
             raise HeadLabError(f"no head reaches the membership threshold ({here.induction_threshold:.3g}x) at "
-                               f"{checkpoint.revision}, and {report.spectral_note[0].lower()}{report.spectral_note[1:]} "
+                               f"{checkpoint.revision}, and there is no top-K to ablate instead. {report.spectral_note} "
                                "Give the heads to ablate with --heads.")
         if len(heads) == 0:
             heads = HeadSet(tuple(report.spectral.top_heads))

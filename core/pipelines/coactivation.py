@@ -519,6 +519,10 @@ def coactivation(ref: Any, revision: str | None, spec: Any, settings: Coactivati
     say("screening checkpoints for the PR-integral ranking and the Step-2 classes")
     report = screen(ref, spec, ScreenSettings(k=st.top_k, n_null_draws=0), device=device, dtype=dtype,
                     executor=executor)
+    if report.spectral is None:  # one checkpoint: the labels' top-K ranking does not exist
+        raise HeadLabError(f"the co-activation labels are the top-K heads of the PR-integral ranking. "
+                           f"{report.spectral_note} Pick a model with training "
+                           "checkpoints, or use the Pattern screen for this one.")
     if checkpoint.revision == report.checkpoints[-1].revision:
         here = report.final
     else:
