@@ -60,6 +60,7 @@ def bench_scale(n_examples: int, shape: str = "pythia-160m", repeats: int = 1, c
     selection = bench_selection(n_layers, n_heads)
     conditions = matched_conditions(selection, n_layers, n_heads, n_controls)
     ablation = time_conditions(model, batch, conditions, repeats=repeats)
+    peak = peak_memory_bytes(device)
     return {
         "shape": shape, "n_layers": n_layers, "n_heads": n_heads, "d_model": int(model.cfg.d_model),
         "vocab": PYTHIA_SHAPES[shape].vocab_size, "n_examples": batch.n_examples, "reference_n_examples": full.n_examples,
@@ -67,7 +68,7 @@ def bench_scale(n_examples: int, shape: str = "pythia-160m", repeats: int = 1, c
         "threads": torch.get_num_threads(), "repeats": repeats,
         "bare_s": probe["bare_s"], "instrumented_s": probe["instrumented_s"],
         "instrumented_over_bare": probe["overhead_ratio"],
-        "peak_memory_bytes": peak_memory_bytes(device),
+        "peak_memory_bytes": peak, "peak_memory_gib": round(peak / 2**30, 3),
         "ablation_naive_s": ablation["naive_s"], "ablation_engine_s": ablation["engine_s"],
         "ablation_speedup": ablation["speedup"], "ablation_max_metric_diff": ablation["max_metric_diff"],
         "ablation_conditions": ablation["n_conditions"], "selection": str(selection), "ablation_notes": ablation["notes"],
