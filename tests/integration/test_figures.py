@@ -168,7 +168,8 @@ def test_ablation_strip_shows_candidate_controls_upper_bound_and_z():
     assert list(controls[0].y) == pytest.approx([0.1 / 3, 0.2 / 3, 0.3 / 3])  # mean loss deltas over 3 examples
     titles = [a.text for a in bundle.figure.layout.annotations]
     z_loss = result.stats["loss"]["z"]
-    assert titles[0] == f"loss: z = {z_loss:+.3g}"
+    # rank and p lead; z from 3 controls (fewer than 10) is greyed
+    assert titles[0] == f"loss: rank 1/4, p = 0.25 · <span style='color:#aaaaaa'>z = {z_loss:+.3g} (3 ctrl)</span>"
     assert bundle.provenance["verdicts"]["recipe"]["label"] == result.verdicts["recipe"].label
 
 
