@@ -22,6 +22,7 @@ from pages._widgets import guarded, new_pick, show_figure
 EXAMPLE = Path(__file__).resolve().parents[1] / "assets" / "probes" / "ioi_example.jsonl"
 BUILT_IN, UPLOAD = "built-in induction counterfactual", "upload a probe file"
 HEAT_KEY, SCATTER_KEY = "patch_heads", "patch_ranks"
+STRIP_KEY = "patch_strip_{}"  # the group's and the path's control strips (not "patch_group": the group's text box)
 FILE_FORMAT = ("One JSON object per line: `prompt` (text) or `prompt_ids`, `target` (text or token id; of several "
                "tokens the first is scored), `corrupted_prompt` (same token length), optional `corrupted_target` and "
                "`query_pos` (default: the last prompt token). Text is tokenized with the model's own tokenizer.")
@@ -69,6 +70,9 @@ def choose_settings():
     attribution = c3.checkbox("Attribution patching", True, key="patch_attribution", disabled=metric not in GRADIENT_METRICS,
                               help="Every head's first-order estimate in one forward and backward, ranked against "
                                    "activation patching (Spearman).")
+    allow_small_gap = c3.checkbox("Keep a small or reversed gap (flagged)", key="patch_allow_small_gap",
+                                  help="Scores divide by the clean-corrupted gap; a gap that is reversed or under 2 "
+                                       "standard errors of the per-example gaps is refused unless this is ticked.")
     with st.expander("Group against random controls, and path patching"):
         g1, g2, g3 = st.columns(3)
         group = g1.text_input("Group of heads", key="patch_group", placeholder="e.g. L1H2, L1H3")
@@ -83,7 +87,7 @@ def choose_settings():
         return parse_heads(text) if text.strip() else None
 
     settings = guarded(lambda: PatchSettings(direction=direction, metric=metric, per_position=per_position,
-                                             n_controls=n_controls, controls=kind))
+                                             n_controls=n_controls, controls=kind, allow_small_gap=allow_small_gap))
     plan = guarded(lambda: PatchPlan(attribution=attribution and metric in GRADIENT_METRICS, group=heads(group),
                                      senders=heads(senders), receivers=heads(receivers),
                                      components=tuple(components) or ("k",)))
@@ -151,7 +155,7 @@ def show(report, pairs) -> None:
     strips = [which for which in ("group", "path") if getattr(report, which) is not None]
     for column, which in zip(st.columns(max(len(strips), 1)), strips):
         with column:
-            show_figure(controls_strip(report, which), f"patch_{which}")
+            show_figure(controls_strip(report, which), STRIP_KEY.format(which))
 
 
 st.title("Patching")
