@@ -414,7 +414,7 @@ def test_activation_path_and_group_patching_one_after_another(server, page):
         box.press("Enter")
         wait_until_idle(page, title)
     click_button(page, "patch_run", title)
-    page.locator(".st-key-patch_path .js-plotly-plot").first.wait_for(timeout=LONG_MS)
+    page.locator(".st-key-patch_strip_path .js-plotly-plot").first.wait_for(timeout=LONG_MS)
     wait_until_idle(page, title)
     assert_no_error(page)
     set_number(page, "Random controls", 5, title)
@@ -425,7 +425,7 @@ def test_activation_path_and_group_patching_one_after_another(server, page):
     page.locator(".st-key-patch_strip_group .js-plotly-plot").first.wait_for(timeout=LONG_MS)
     wait_until_idle(page, title)
     assert_no_error(page)
-    for key in ("patch_heads", "patch_path", "patch_strip_group"):
+    for key in ("patch_heads", "patch_strip_path", "patch_strip_group"):
         assert page.locator(f".st-key-{key} .js-plotly-plot").count() == 1, key
     screenshot(page, "patching-group-and-path")
 
