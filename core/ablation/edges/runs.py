@@ -1,0 +1,370 @@
+"""Edge patching on a bridge: sender outputs recorded per run, receivers' inputs changed edge by edge.
+
+A receiver reads the residual stream, the sum of its senders' outputs (plus biases that no edge
+carries). Patching the edge s -> r on a run changes r's input alone by (source_s - current_s): s's
+output on the source run minus its output in the current forward, so every other reader of s is
+untouched. The hooks (TransformerBridge, raw weights):
+- sender outputs: embed = blocks.0.hook_resid_pre; head h of layer l = hook_z[..., h, :] @ W_O[l, h]
+  (core.model.hooks.head_output_weights); MLP l = its output hook (core.model.hooks.mlp_hook_name);
+- receiver inputs: a head's q / k / v input = blocks.{l}.attn.hook_{q,k,v}_input [row, pos, head,
+  d_model] (the residual before the norm, one copy per head while cfg.use_split_qkv_input is on);
+  MLP l = blocks.{l}.ln2.hook_in; the logits = ln_final.hook_in.
+The edge methods follow ACDC, EAP and MIB: the base run is the clean prompts and the removed (or
+scored) edges take the corrupted run's sender outputs ("resample"), or their mean over the pairs
+("mean"). Every metric is read at the query position; "kl" is KL(clean output || run) there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from core.ablation.edges.graph import LOGITS, EdgeGraph, edge_graph_of
+from core.ablation.patching.paths import split_qkv_inputs
+from core.ablation.patching.runs import (PATCH_METRICS, PatchSettings, check_pair_fits, checked_gap, metric_values,
+                                         query_logits)
+from core.errors import HeadLabError
+from core.model.hooks import head_output_weights, hook_name, mask_kwargs, mlp_hook_name, model_device, model_shape
+from core.model.memory import ForwardShape, chunk_size_for, forward_bytes, memory_budget
+from core.results import JsonResult
+from core.stats.patching import normalized_score
+from core.tasks.counterfactual import PatchPair
+
+EDGE_METRICS = PATCH_METRICS + ("kl",)
+REPLACEMENTS = ("resample", "mean")
+Hook = tuple[str, Callable]
+
+
+@dataclass(frozen=True)
+class EdgeSettings(JsonResult):
+    """Everything besides the model and the pairs that decides an edge result.
+
+    metric: "logit_diff" (default), loss, top1, top5, target_logit, or "kl" (KL of the clean output
+    to the run's, at the query); replacement: what a removed edge carries, the corrupted run's sender
+    output ("resample") or its mean over the pairs at each position ("mean"); batch_size: pairs per
+    forward (None: as many as fit); allow_small_gap: keep (flagged) pairs whose clean-corrupted gap
+    the gap rule refuses (core.stats.patching.check_gap).
+    """
+
+    metric: str = "logit_diff"
+    replacement: str = "resample"
+    batch_size: int | None = None
+    allow_small_gap: bool = False
+
+    def __post_init__(self) -> None:
+        if self.metric not in EDGE_METRICS:
+            raise HeadLabError(f"edge metric {self.metric!r} is unknown; use one of {', '.join(EDGE_METRICS)}.")
+        if self.replacement not in REPLACEMENTS:
+            raise HeadLabError(f"replacement {self.replacement!r} is unknown; use 'resample' (the corrupted run) or 'mean'.")
+        if self.batch_size is not None:
+            object.__setattr__(self, "batch_size", int(self.batch_size))
+            if self.batch_size < 1:
+                raise HeadLabError(f"batch_size is {self.batch_size}; use at least one pair per forward, or None.")
+        object.__setattr__(self, "allow_small_gap", bool(self.allow_small_gap))
+
+    def gap_settings(self) -> PatchSettings:
+        """The patching settings whose gap rule the pairs must pass (the pair metric; KL gaps are checked on logit_diff)."""
+        metric = "logit_diff" if self.metric == "kl" else self.metric
+        return PatchSettings(direction="noise", metric=metric, allow_small_gap=self.allow_small_gap)
+
+
+@dataclass(frozen=True, eq=False)
+class EdgeChunk:
+    """One chunk of pairs, run clean and corrupted, with every sender's output on both.
+
+    tokens: [row, pos] clean prompts (the base run); query, target: [row]; other_target: [row] or None;
+    attention_mask: [row, pos] or None; clean_acts, source_acts: [sender, row, pos, d_model] (source:
+    the corrupted run, or its mean); clean_logprobs: [row, vocab] at the query (for "kl");
+    clean_values, corrupted_values: [row] of the pair metric.
+    """
+
+    tokens: torch.Tensor
+    query: torch.Tensor
+    target: torch.Tensor
+    other_target: torch.Tensor | None
+    attention_mask: torch.Tensor | None
+    clean_acts: torch.Tensor
+    source_acts: torch.Tensor
+    clean_logprobs: torch.Tensor
+    clean_values: torch.Tensor
+    corrupted_values: torch.Tensor
+
+    @property
+    def rows(self) -> int:
+        return int(self.query.shape[0])
+
+
+class EdgeHooks:
+    """The hooks of one forward: record every sender's output, and (optionally) on each receiver's input
+    add the patch of its removed edges and / or a zero leaf whose gradient is the metric's gradient there.
+
+    removed: [sender, receiver] bool tensor or None (no patch); source: [sender, row, pos, d_model], what a
+    removed edge carries; with_leaves: keep a zero leaf per receiver hook (`leaves`, for gradients);
+    embed_override: a function of the embeddings [row, pos, d_model] (EAP-IG's interpolation); scale:
+    the fraction of each removed edge's patch applied (1: the whole patch; small: a first-order probe).
+    """
+
+    def __init__(self, model: Any, graph: EdgeGraph, removed: torch.Tensor | None = None,
+                 source: torch.Tensor | None = None, with_leaves: bool = False,
+                 embed_override: Callable[[torch.Tensor], torch.Tensor] | None = None, scale: float = 1.0):
+        self.graph, self.removed, self.source, self.scale = graph, removed, source, float(scale)
+        self.with_leaves, self.embed_override = with_leaves, embed_override
+        self.w_o = head_output_weights(model)  # [layer, head, d_head, d_model]
+        self.mlp_names = [mlp_hook_name(model, l) for l in range(graph.n_layers)] if not graph.attn_only else []
+        self.current: dict[int, torch.Tensor] = {}  # sender index -> its output [row, pos, d_model] in this forward
+        self.leaves: dict[str, torch.Tensor] = {}  # hook name -> zero leaf
+        self.sender_at = {name: i for i, name in enumerate(graph.senders)}
+        self.receiver_at = {name: j for j, name in enumerate(graph.receivers)}
+        # the senders reaching receiver j are a prefix of graph.senders (forward order)
+        mask = graph.mask
+        self.reach = [int(np.nonzero(mask[:, j])[0].max()) + 1 if mask[:, j].any() else 0 for j in range(mask.shape[1])]
+
+    # --------------------------------------------------------------------------------- senders
+
+    def _embed(self, x, hook=None):
+        if self.embed_override is not None:
+            x = self.embed_override(x)
+        self.current[0] = x
+        return x
+
+    def _heads(self, layer: int):
+        first = self.sender_at[f"L{layer}H0"]
+        w_o = self.w_o[layer]
+
+        def hook(z, hook=None):  # z: [row, pos, head, d_head]
+            out = torch.einsum("bphd,hdm->hbpm", z, w_o.to(z.dtype))  # [head, row, pos, d_model]
+            for h in range(out.shape[0]):
+                self.current[first + h] = out[h]
+            return z
+        return hook
+
+    def _mlp(self, layer: int):
+        index = self.sender_at[f"MLP{layer}"]
+
+        def hook(x, hook=None):
+            self.current[index] = x
+            return x
+        return hook
+
+    # --------------------------------------------------------------------------------- receivers
+
+    def _delta(self, receivers: Sequence[int]) -> torch.Tensor | None:
+        """The patch of `receivers`' removed edges: [receiver, row, pos, d_model], or None when none is removed."""
+        if self.removed is None:
+            return None
+        prefix = max(self.reach[j] for j in receivers)
+        chosen = self.removed[:prefix, list(receivers)]  # [sender, receiver]
+        if not bool(chosen.any()):
+            return None
+        senders = torch.nonzero(chosen.any(dim=1)).flatten().tolist()
+        diff = torch.stack([self.source[s] - self.current[s] for s in senders])  # [sender, row, pos, d_model]
+        return self.scale * torch.einsum("sbpm,sr->rbpm", diff, chosen[senders].to(diff.dtype))
+
+    def _leaf(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        if not self.with_leaves:
+            return x
+        leaf = torch.zeros_like(x, requires_grad=True)
+        self.leaves[name] = leaf
+        return x + leaf
+
+    def _head_inputs(self, layer: int, component: str):
+        receivers = [self.receiver_at[f"L{layer}H{h}.{component}"] for h in range(self.graph.n_heads)]
+        name = hook_name(f"{component}_input", layer)
+
+        def hook(x, hook=None):  # x: [row, pos, head, d_model]
+            delta = self._delta(receivers)
+            if delta is not None:
+                x = x + delta.permute(1, 2, 0, 3).to(x.dtype)
+            return self._leaf(name, x)
+        return name, hook
+
+    def _single_input(self, receiver: str, name: str):
+        j = self.receiver_at[receiver]
+
+        def hook(x, hook=None):  # x: [row, pos, d_model]
+            delta = self._delta([j])
+            if delta is not None:
+                x = x + delta[0].to(x.dtype)
+            return self._leaf(name, x)
+        return name, hook
+
+    def hooks(self) -> list[Hook]:
+        """Every hook, senders and receivers (the forward must run under split_qkv_inputs)."""
+        out: list[Hook] = [(hook_name("resid_pre", 0), self._embed)]
+        for layer in range(self.graph.n_layers):
+            out += [self._head_inputs(layer, c) for c in ("q", "k", "v")]
+            out.append((hook_name("z", layer), self._heads(layer)))
+            if not self.graph.attn_only:
+                out.append(self._single_input(f"MLP{layer}", mlp_input_hook(layer)))
+                out.append((self.mlp_names[layer], self._mlp(layer)))
+        out.append(self._single_input(LOGITS, FINAL_INPUT_HOOK))
+        return out
+
+    def stacked(self) -> torch.Tensor:
+        """Every sender's output of the forward just run: [sender, row, pos, d_model]."""
+        missing = [self.graph.senders[i] for i in range(len(self.graph.senders)) if i not in self.current]
+        if missing:
+            raise HeadLabError(f"the output of {missing[0]} was never seen: this model's hooks do not match HeadLab's "
+                               "edge graph (it needs a TransformerBridge with hook_z and MLP output hooks).")
+        return torch.stack([self.current[i] for i in range(len(self.graph.senders))])
+
+    def leaf_grads(self, grads: dict[str, torch.Tensor]) -> Iterator[tuple[list[int], torch.Tensor]]:
+        """(receiver indices, gradient [row, pos, receiver, d_model]) for each receiver hook, from {hook name: grad}."""
+        for layer in range(self.graph.n_layers):
+            for c in ("q", "k", "v"):
+                name = hook_name(f"{c}_input", layer)
+                if name in grads:
+                    yield [self.receiver_at[f"L{layer}H{h}.{c}"] for h in range(self.graph.n_heads)], grads[name]
+            if not self.graph.attn_only and mlp_input_hook(layer) in grads:
+                yield [self.receiver_at[f"MLP{layer}"]], grads[mlp_input_hook(layer)][:, :, None]
+        if FINAL_INPUT_HOOK in grads:
+            yield [self.receiver_at[LOGITS]], grads[FINAL_INPUT_HOOK][:, :, None]
+
+
+FINAL_INPUT_HOOK = "ln_final.hook_in"  # [row, pos, d_model], the last residual before the final norm
+
+
+def mlp_input_hook(layer: int) -> str:
+    """The MLP's input: the residual entering its norm, [row, pos, d_model]."""
+    return f"blocks.{int(layer)}.ln2.hook_in"
+
+
+# ------------------------------------------------------------------------------------- runs
+
+
+def check_edge_model(model: Any) -> EdgeGraph:
+    """The model's edge graph, refused with a clear message when its hooks cannot carry edges."""
+    n_layers, n_heads, _ = model_shape(model)
+    n_kv = getattr(model.cfg, "n_key_value_heads", None)
+    if n_kv is not None and int(n_kv) != n_heads:
+        raise HeadLabError(f"this model shares each key/value head among {n_heads // int(n_kv)} query heads (GQA), so a "
+                           "head's own key or value input is undefined and HeadLab's edge graph does not apply.")
+    if not hasattr(model, "set_use_split_qkv_input"):
+        raise HeadLabError("this model offers no per-head attention inputs (set_use_split_qkv_input); edge methods need "
+                           "a TransformerLens TransformerBridge.")
+    graph = edge_graph_of(model)
+    names = set(getattr(model, "hook_dict", {}))
+    needed = [FINAL_INPUT_HOOK] + ([mlp_input_hook(l) for l in range(n_layers)] if not graph.attn_only else [])
+    absent = [n for n in needed if n not in names]
+    if absent:
+        raise HeadLabError(f"this model has no hook {absent[0]}; edge methods read each MLP's and the logits' input there.")
+    return graph
+
+
+def edge_values(logits_q: torch.Tensor, chunk: EdgeChunk, metric: str) -> torch.Tensor:
+    """The metric per pair [row] at the query: the pair metric, or KL(clean || run) for "kl"."""
+    if metric == "kl":
+        logprobs = torch.log_softmax(logits_q.float(), dim=-1)
+        return (chunk.clean_logprobs.exp() * (chunk.clean_logprobs - logprobs)).sum(dim=-1)
+    return metric_values(logits_q, chunk.target, chunk.other_target, metric)
+
+
+def pair_metric(settings: EdgeSettings) -> str:
+    """The metric the pairs' own values are measured in (logit_diff stands for KL's gap)."""
+    return "logit_diff" if settings.metric == "kl" else settings.metric
+
+
+def edges_per_chunk(model: Any, pair: PatchPair, graph: EdgeGraph, settings: EdgeSettings, grad: bool = False) -> int:
+    """Pairs per forward: settings.batch_size, else as many as the free memory holds (HeadLabError when none fits).
+
+    Per pair: both runs' sender outputs ([sender, pos, d_model] twice), plus one forward with the
+    per-head q/k/v copies (3 x n_heads residuals per layer) and, with grad, every layer's activations
+    and the receivers' gradients.
+    """
+    if settings.batch_size is not None:
+        return min(settings.batch_size, pair.n_examples)
+    shape = ForwardShape.of_model(model)
+    n_layers = graph.n_layers
+    residual = pair.seq_len * shape.d_model * 4
+    kept = 2 * len(graph.senders) * residual
+    forward = forward_bytes(shape, pair.seq_len, logit_rows=pair.seq_len) + 3 * graph.n_heads * residual * 2
+    per_example = kept + ((n_layers + 1) * forward + len(graph.receivers) * residual if grad else forward)
+    return chunk_size_for(per_example, pair.n_examples, memory_budget(model_device(model)), "edge patching")
+
+
+@torch.no_grad()
+def _record(model: Any, graph: EdgeGraph, tokens: torch.Tensor, query: torch.Tensor,
+            mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One plain forward: (query logits [row, vocab], sender outputs [sender, row, pos, d_model])."""
+    hooks = EdgeHooks(model, graph)
+    with split_qkv_inputs(model):
+        logits_q = query_logits(model, tokens, query, hooks.hooks(), mask)
+    return logits_q, hooks.stacked()
+
+
+def edge_chunks(model: Any, pair: PatchPair, settings: EdgeSettings, graph: EdgeGraph,
+                grad: bool = False) -> tuple[list[EdgeChunk], dict]:
+    """Every chunk of pairs run clean and corrupted (kept together: ACDC and the curves revisit them all),
+    and the clean-corrupted gap of the pair metric, checked by the gap rule before anything else runs.
+    """
+    check_pair_fits(model, pair)
+    device = model_device(model)
+    metric = pair_metric(settings)
+    chunks = []
+    for part in pair.chunks(edges_per_chunk(model, pair, graph, settings, grad)):
+        query, target = part.clean.query_pos.to(device), part.clean.target.to(device)
+        other = None if part.corrupted_target is None else part.corrupted_target.to(device)
+        mask = None if part.attention_mask is None else part.attention_mask.to(device)
+        tokens, corrupted = part.clean.tokens.to(device), part.corrupted_tokens.to(device)
+        clean_q, clean_acts = _record(model, graph, tokens, query, mask)
+        corrupted_q, corrupted_acts = _record(model, graph, corrupted, query, mask)
+        chunks.append(EdgeChunk(tokens, query, target, other, mask, clean_acts, corrupted_acts,
+                                torch.log_softmax(clean_q.float(), dim=-1),
+                                metric_values(clean_q, target, other, metric),
+                                metric_values(corrupted_q, target, other, metric)))
+    if settings.replacement == "mean":
+        total = sum(c.source_acts.double().sum(dim=1) for c in chunks)  # [sender, pos, d_model]
+        mean = (total / pair.n_examples).float()
+        chunks = [EdgeChunk(c.tokens, c.query, c.target, c.other_target, c.attention_mask, c.clean_acts,
+                            mean[:, None].expand_as(c.source_acts).to(c.source_acts.dtype), c.clean_logprobs,
+                            c.clean_values, c.corrupted_values) for c in chunks]
+    gap = checked_gap([c.clean_values for c in chunks], [c.corrupted_values for c in chunks], settings.gap_settings())
+    return chunks, gap
+
+
+@torch.no_grad()
+def removed_run_values(model: Any, graph: EdgeGraph, chunk: EdgeChunk, removed: torch.Tensor, metric: str,
+                       scale: float = 1.0) -> torch.Tensor:
+    """The clean run with the `removed` edges ([sender, receiver] bool) carrying the source: metric [row]."""
+    hooks = EdgeHooks(model, graph, removed=removed, source=chunk.source_acts, scale=scale)
+    with split_qkv_inputs(model):
+        logits_q = query_logits(model, chunk.tokens, chunk.query, hooks.hooks(), chunk.attention_mask)
+    return edge_values(logits_q, chunk, metric)
+
+
+def removed_matrix(graph: EdgeGraph, removed_edges: np.ndarray, device: torch.device) -> torch.Tensor:
+    """[edge] bool (True: removed) as the hooks' [sender, receiver] bool tensor."""
+    return torch.from_numpy(graph.to_matrix(np.asarray(removed_edges, dtype=bool))).to(device)
+
+
+@dataclass(frozen=True)
+class RunValues:
+    """Mean metric of the clean run, the corrupted run (every edge removed) and a removed-edge run."""
+
+    clean: float
+    corrupted: float
+
+    def score(self, value: float | np.ndarray) -> float | np.ndarray:
+        """On HeadLab's patching scale: clean 1, every edge removed (the corrupted run) 0."""
+        return normalized_score(value, self.clean, self.corrupted)
+
+
+def mean_value(model: Any, graph: EdgeGraph, chunks: Sequence[EdgeChunk], removed_edges: np.ndarray, metric: str) -> float:
+    """The mean metric over every pair with `removed_edges` ([edge] bool) patched."""
+    device = chunks[0].tokens.device
+    removed = removed_matrix(graph, removed_edges, device)
+    total = sum(float(removed_run_values(model, graph, c, removed, metric).double().sum()) for c in chunks)
+    return total / sum(c.rows for c in chunks)
+
+
+def run_values(model: Any, graph: EdgeGraph, chunks: Sequence[EdgeChunk], metric: str) -> RunValues:
+    """The clean run's and the every-edge-removed run's mean metric (for "kl": 0 and KL(clean || all removed))."""
+    n = sum(c.rows for c in chunks)
+    if metric == "kl":
+        return RunValues(0.0, mean_value(model, graph, chunks, np.ones(graph.n_edges, dtype=bool), metric))
+    clean = sum(float(c.clean_values.double().sum()) for c in chunks) / n
+    corrupted = mean_value(model, graph, chunks, np.ones(graph.n_edges, dtype=bool), metric)
+    return RunValues(clean, corrupted)
