@@ -1,0 +1,181 @@
+"""The tasks of the known-circuit models: clean/corrupted pairs whose corruption moves every true head.
+
+A corruption that changes only the query (or only the answer) leaves the early heads of a circuit
+with nothing to patch, so activation patching could not find them. Both tasks here *swap* planted
+tokens instead, so every head of the circuit carries a different value in the corrupted run and the
+corrupted prompt has its own answer (the metric is the logit difference clean answer - corrupted
+answer, +g clean and -g corrupted by construction).
+
+- "known-induction" (`SwapInductionSpec`): two planted pairs A B (at p) and C D (at r), the last
+  token A; answer B. Corrupted: A and C swapped at p and r, so the final A now follows ... A D:
+  answer D. The previous-token head's output at p+1 and r+1, the induction head's key match and its
+  copied value all change.
+- "known-twohop" (`TwoHopSpec`): four planted pairs A B (p), C B (r), E F (s), G F (t), the last
+  token A. Hop one (induction) finds B after the earlier A; hop two finds the other B and reads the
+  token before it: answer C. Corrupted: A and E swapped at p and s: hop one finds F, hop two G.
+
+Every token is drawn from numpy RandomState(seed) over [token_low, token_high): the planted
+tokens are distinct, the fillers are never one of them, so each match is unique. The probe batch
+(`build_batch`) is the pairs' clean side: query q = T-1, target the clean answer, induction key
+p+1, duplicate key p.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from numbers import Integral
+from typing import Any, ClassVar, Mapping
+
+import numpy as np
+import torch
+
+from core.errors import HeadLabError
+from core.results import JsonResult
+from core.tasks.counterfactual import PatchPair
+from core.tasks.probe_batch import MIN_QUERY_POS, ProbeBatch, check_seed
+
+
+def _check_ints(spec: Any, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = getattr(spec, name)
+        if isinstance(value, bool) or not isinstance(value, Integral):
+            raise HeadLabError(f"{spec.task} task {name} must be an integer, got {value!r}.")
+        object.__setattr__(spec, name, int(value))
+
+
+def _pair_starts(rng: np.random.RandomState, n_pairs: int, last: int) -> np.ndarray:
+    """`n_pairs` starts of non-overlapping two-token slots in [0, last): [n_pairs] in draw order."""
+    slots = rng.permutation(last // 2)[:n_pairs]
+    return 2 * slots
+
+
+@dataclass(frozen=True)
+class _PlantedSpec(JsonResult):
+    """Shared fields and checks: N prompts of T tokens from [token_low, token_high), seeded."""
+
+    task: ClassVar[str] = ""
+    n_planted: ClassVar[int] = 0  # distinct planted tokens per prompt
+    n_pairs: ClassVar[int] = 0  # planted two-token slots per prompt
+    n_examples: int
+    seq_len: int
+    token_low: int
+    token_high: int
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check_ints(self, ("n_examples", "seq_len", "token_low", "token_high", "seed"))
+        check_seed(self.seed, f"{self.task} task seed")
+        if self.n_examples < 1:
+            raise HeadLabError(f"{self.task} task n_examples must be at least 1.")
+        need_len = max(MIN_QUERY_POS + 1, 2 * self.n_pairs + 2)
+        if self.seq_len < need_len:
+            raise HeadLabError(f"{self.task} task seq_len is {self.seq_len}; it plants {self.n_pairs} pairs before the "
+                               f"query, so use at least {need_len}.")
+        if self.token_low < 0 or self.token_high - self.token_low < self.n_planted + 1:
+            raise HeadLabError(f"{self.task} task token range [{self.token_low}, {self.token_high}) must hold at least "
+                               f"{self.n_planted + 1} tokens ({self.n_planted} planted and one filler); widen it.")
+
+    def to_json(self) -> dict:
+        return {"task": self.task, **super().to_json()}
+
+    def check_vocab(self, vocab_size: int) -> None:
+        if self.token_high > int(vocab_size):
+            raise HeadLabError(f"the {self.task} task draws tokens up to {self.token_high - 1}, which a model with "
+                               f"{vocab_size} tokens cannot read; set token_high <= {vocab_size}.")
+
+    def _draw(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per example: fillers [N, T] without the planted tokens, planted [N, n_planted], starts [N, n_pairs]."""
+        n, seq_len, low, high = self.n_examples, self.seq_len, self.token_low, self.token_high
+        rng = np.random.RandomState(self.seed)
+        tokens = np.empty((n, seq_len), dtype=np.int64)
+        planted = np.empty((n, self.n_planted), dtype=np.int64)
+        starts = np.empty((n, self.n_pairs), dtype=np.int64)
+        for i in range(n):
+            planted[i] = low + rng.permutation(high - low)[: self.n_planted]
+            fillers = np.setdiff1d(np.arange(low, high), planted[i])
+            tokens[i] = fillers[rng.randint(0, len(fillers), size=seq_len)]
+            starts[i] = _pair_starts(rng, self.n_pairs, seq_len - 1)
+        return tokens, planted, starts
+
+    def _batch(self, tokens: np.ndarray, target: np.ndarray, first: np.ndarray) -> ProbeBatch:
+        n, q = self.n_examples, self.seq_len - 1
+        dup = torch.from_numpy(first.astype(np.int64))
+        return ProbeBatch(tokens=torch.from_numpy(tokens), query_pos=torch.full((n,), q, dtype=torch.long),
+                          target=torch.from_numpy(target.astype(np.int64)), induction_pos=dup + 1, duplicate_pos=dup,
+                          spec={**self.to_json(), "rng": "numpy.RandomState"})
+
+    def build_batch(self) -> ProbeBatch:
+        """The clean prompts as a probe batch (the ablation study's input)."""
+        return self.build_pair().clean
+
+    def build(self) -> PatchPair:
+        return self.build_pair()
+
+    def build_pair(self) -> PatchPair:  # pragma: no cover - each task defines it
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class SwapInductionSpec(_PlantedSpec):
+    """A B ... C D ... A -> B; corrupted: C B ... A D ... A -> D (A and C swapped)."""
+
+    task: ClassVar[str] = "known-induction"
+    n_planted: ClassVar[int] = 4
+    n_pairs: ClassVar[int] = 2
+
+    def build_pair(self) -> PatchPair:
+        tokens, planted, starts = self._draw()
+        rows = np.arange(self.n_examples)
+        a, b, c, d = planted.T
+        p, r = starts.T
+        q = self.seq_len - 1
+        tokens[rows, p], tokens[rows, p + 1], tokens[rows, r], tokens[rows, r + 1], tokens[:, q] = a, b, c, d, a
+        corrupted = tokens.copy()
+        corrupted[rows, p], corrupted[rows, r] = c, a
+        clean = self._batch(tokens, b, p)
+        spec = {**clean.spec, "corruption": "A and C swapped at p and r: the final A now follows ... A D, answer D"}
+        return PatchPair(clean, torch.from_numpy(corrupted), torch.from_numpy(d.copy()), spec)
+
+
+@dataclass(frozen=True)
+class TwoHopSpec(_PlantedSpec):
+    """A B ... C B ... E F ... G F ... A -> C (hop one: B after A; hop two: the token before the other B).
+
+    Corrupted: A and E swapped at p and s: hop one finds F, hop two G.
+    """
+
+    task: ClassVar[str] = "known-twohop"
+    n_planted: ClassVar[int] = 6
+    n_pairs: ClassVar[int] = 4
+
+    def build_pair(self) -> PatchPair:
+        tokens, planted, starts = self._draw()
+        rows = np.arange(self.n_examples)
+        a, b, c, e, f, g = planted.T
+        p, r, s, t = starts.T
+        q = self.seq_len - 1
+        for pos, first, second in ((p, a, b), (r, c, b), (s, e, f), (t, g, f)):
+            tokens[rows, pos], tokens[rows, pos + 1] = first, second
+        tokens[:, q] = a
+        corrupted = tokens.copy()
+        corrupted[rows, p], corrupted[rows, s] = e, a
+        clean = self._batch(tokens, c, p)
+        spec = {**clean.spec, "corruption": "A and E swapped at p and s: hop one finds F, hop two G, answer G"}
+        return PatchPair(clean, torch.from_numpy(corrupted), torch.from_numpy(g.copy()), spec)
+
+
+KNOWN_TASKS: dict[str, type] = {"known-induction": SwapInductionSpec, "known-twohop": TwoHopSpec}
+
+
+def known_task(record: Mapping[str, Any]) -> _PlantedSpec:
+    """The task spec a circuit.json `task` record describes, by its "task" key."""
+    if not isinstance(record, Mapping):
+        raise HeadLabError("a known circuit's task must be a JSON object with a \"task\" key.")
+    cls = KNOWN_TASKS.get(record.get("task"))
+    if cls is None:
+        raise HeadLabError(f"known-circuit task {record.get('task')!r} is unknown; use one of {', '.join(KNOWN_TASKS)}.")
+    try:
+        return cls.from_json(record)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise HeadLabError(f"this {cls.task} task record is incomplete or malformed ({exc}); rebuild the model "
+                           "(python -m core known --build).") from None

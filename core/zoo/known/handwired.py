@@ -1,0 +1,3 @@
+"""Hand-wired models: weights written by code (being filled in)."""
+
+HANDWIRED: dict = {}
