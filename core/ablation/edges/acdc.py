@@ -21,7 +21,7 @@ from typing import Any, Callable
 import numpy as np
 
 from core.ablation.edges.eap import EdgeScores, edge_provenance
-from core.ablation.edges.graph import LOGITS, EdgeGraph
+from core.ablation.edges.graph import LOGITS
 from core.ablation.edges.runs import EdgeSettings, RunValues, check_edge_model, edge_chunks, mean_value, run_values
 from core.errors import HeadLabError
 from core.tasks.counterfactual import PatchPair
@@ -113,9 +113,3 @@ def kept_by_each(scores: EdgeScores, threshold: float) -> np.ndarray:
     importance = np.asarray(scores.scores)
     increase = importance * scores.corrupted_value if scores.metric == "kl" else importance
     return increase >= check_threshold(threshold)
-
-
-def graph_of(scores: EdgeScores) -> EdgeGraph:
-    """The edge graph a result was computed on (from its counts)."""
-    g = scores.graph
-    return EdgeGraph(int(g["n_layers"]), int(g["n_heads"]), bool(g["parallel_attn_mlp"]), bool(g.get("attn_only", False)))

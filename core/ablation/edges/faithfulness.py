@@ -24,7 +24,7 @@ import numpy as np
 
 from core.ablation.edges.eap import edge_provenance
 from core.ablation.edges.graph import EdgeGraph
-from core.ablation.edges.runs import EdgeChunk, EdgeSettings, check_edge_model, edge_chunks, mean_value, run_values
+from core.ablation.edges.runs import EdgeSettings, check_edge_model, edge_chunks, mean_value, run_values
 from core.errors import HeadLabError
 from core.results import JsonResult
 from core.stats.inference import MIN_VERDICT_EXAMPLES, RANK_P_ALPHA, Verdict, below_minimum
@@ -156,13 +156,14 @@ def edge_set_verdict(stats: dict, controls_differ: bool, n_examples: int) -> Ver
     if not controls_differ:
         verdict = Verdict("inconclusive", rule, ("every random edge set equals the set itself (each stratum it uses is "
                                                  "full); no control can differ, so nothing is tested.",))
+    elif stats["n_controls"] + 1 < round(1 / RANK_P_ALPHA):
+        verdict = Verdict("inconclusive", rule, (f"{stats['n_controls']} random edge sets cannot reach p < {RANK_P_ALPHA}: "
+                                                 f"the smallest p is 1/{stats['n_controls'] + 1}; use at least 19.",))
     elif stats["rank"] == 1 and stats["p"] < RANK_P_ALPHA:
-        verdict = Verdict("beyond its controls", rule, (f"rank {stats['rank']} of {stats['n_controls'] + 1}, p = {stats['p']:.3g}",))
+        verdict = Verdict("beyond its controls", rule, (f"rank 1 of {stats['n_controls'] + 1}, p = {stats['p']:.3g}",))
     else:
-        why = f"rank {stats['rank']} of {stats['n_controls'] + 1}, p = {stats['p']:.3g}"
-        if stats["n_controls"] + 1 < 1 / RANK_P_ALPHA:
-            why += f"; with {stats['n_controls']} controls p cannot fall below {RANK_P_ALPHA} (use 19 or more)"
-        verdict = Verdict("not beyond its controls", rule, (why,))
+        verdict = Verdict("not beyond its controls", rule,
+                          (f"rank {stats['rank']} of {stats['n_controls'] + 1}, p = {stats['p']:.3g}",))
     return below_minimum(verdict, n_examples, MIN_VERDICT_EXAMPLES)
 
 

@@ -212,6 +212,12 @@ class EdgeGraph:
                         heads.add((int(match.group(1)), int(match.group(2))))
         return sorted(heads)
 
+    @classmethod
+    def from_summary(cls, summary: dict) -> "EdgeGraph":
+        """The graph a result's `graph` record (summary()) describes."""
+        return cls(int(summary["n_layers"]), int(summary["n_heads"]), bool(summary["parallel_attn_mlp"]),
+                   bool(summary.get("attn_only", False)))
+
     def summary(self) -> dict:
         """Counts a reader wants: nodes, senders, receivers, edges (and edges into heads' q/k/v, MLPs, logits)."""
         into = {"q": 0, "k": 0, "v": 0, "mlp": 0, "logits": 0}

@@ -27,7 +27,7 @@ from core.ablation.patching.paths import split_qkv_inputs
 from core.ablation.patching.runs import (PATCH_METRICS, PatchSettings, check_pair_fits, checked_gap, metric_values,
                                          query_logits)
 from core.errors import HeadLabError
-from core.model.hooks import head_output_weights, hook_name, mask_kwargs, mlp_hook_name, model_device, model_shape
+from core.model.hooks import head_output_weights, hook_name, mlp_hook_name, model_device, model_shape
 from core.model.memory import ForwardShape, chunk_size_for, forward_bytes, memory_budget
 from core.results import JsonResult
 from core.stats.patching import normalized_score

@@ -1,0 +1,104 @@
+"""`python -m core edges`: score every head-to-head edge (EAP, EAP-IG or ACDC) on clean/corrupted pairs, the
+faithfulness curve of the top edges, and the discovered edge set against matched-random edge sets."""
+
+from __future__ import annotations
+
+import argparse
+
+from core.ablation.edges import EDGE_METRICS, METHODS, REPLACEMENTS, EdgeSettings
+from core.cli.patch import gap_line
+from core.cli.probe import add_probe_file_arguments, add_probe_spec_arguments, probe_spec_from_args
+from core.errors import HeadLabError
+from core.executor import ProgressBar
+from core.model.refs import ModelRef
+from core.pipelines.edges import EdgePlan, EdgeReport, edges_model
+from core.stats.inference import format_rank_z
+from core.tasks.counterfactual import InductionCounterfactualSpec
+from core.tasks.probe_file import read_probe_file
+
+
+def add_edges_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="zoo name, local Hugging Face folder or hub name")
+    parser.add_argument("--revision", default=None, help="checkpoint (default: the final one)")
+    parser.add_argument("--method", choices=METHODS, default="eap",
+                        help="eap: gradient x activation difference, one forward and backward per batch (default); "
+                             "eap-ig: the gradient integrated over --ig-steps interpolations; acdc: greedy pruning")
+    parser.add_argument("--ig-steps", type=int, default=5, help="EAP-IG interpolation steps (default 5)")
+    parser.add_argument("--threshold", type=float, default=0.01,
+                        help="ACDC: the distance increase below which an edge is removed (default 0.01; >= 0)")
+    parser.add_argument("--metric", choices=EDGE_METRICS, default="logit_diff",
+                        help="logit_diff (default), a HeadLab metric, or kl (KL of the clean output to the run's)")
+    parser.add_argument("--replacement", choices=REPLACEMENTS, default="resample",
+                        help="what a patched edge carries: the corrupted run's sender output (default) or its mean")
+    parser.add_argument("--top", type=int, default=20, help="edges listed, and the set tested for EAP / EAP-IG (default 20)")
+    parser.add_argument("--controls", type=int, default=20, help="matched-random edge sets (default 20; 0: none)")
+    parser.add_argument("--control-seed", type=int, default=123)
+    parser.add_argument("--no-curve", action="store_true", help="skip the faithfulness curve")
+    parser.add_argument("--corrupt-seed", type=int, default=0, help="seed of the corrupted earlier A (default 0)")
+    parser.add_argument("--batch-size", type=int, default=None, help="pairs per forward (default: as many as fit)")
+    parser.add_argument("--allow-small-gap", action="store_true",
+                        help="keep (flagged) pairs whose clean-corrupted gap is reversed or under 2 standard errors")
+    add_probe_file_arguments(parser, "prompt, target, corrupted_prompt, optional corrupted_target, query_pos")
+    add_probe_spec_arguments(parser)
+
+
+def cli_edges(args: argparse.Namespace) -> dict:
+    if args.probe_file is None and args.task != "induction":
+        raise HeadLabError("edges has a built-in counterfactual for the induction probe only; use --task induction "
+                           "or give your own clean/corrupted pairs with --probe-file.")
+    settings = EdgeSettings(metric=args.metric, replacement=args.replacement, batch_size=args.batch_size,
+                            allow_small_gap=args.allow_small_gap)
+    plan = EdgePlan(method=args.method, ig_steps=args.ig_steps, threshold=args.threshold, top=args.top,
+                    curve=not args.no_curve, n_controls=args.controls, control_seed=args.control_seed)
+    if args.probe_file is not None:
+        pairs = read_probe_file(args.probe_file, padding=args.padding)
+    else:
+        pairs = InductionCounterfactualSpec(probe_spec_from_args(args), seed=args.corrupt_seed)
+    bar = {"stage": None, "tqdm": None}
+
+    def progress(stage: str, done: int, total: int) -> None:
+        if bar["stage"] != stage:
+            if bar["tqdm"] is not None:
+                bar["tqdm"].close()
+            bar["stage"], bar["tqdm"] = stage, ProgressBar(total=total, desc=f"edges: {stage}")
+        bar["tqdm"].n = done
+        bar["tqdm"].refresh()
+
+    try:
+        report = edges_model(ModelRef.parse(args.model), args.revision, pairs, settings, plan, args.device, args.dtype,
+                             progress)
+    finally:
+        if bar["tqdm"] is not None:
+            bar["tqdm"].close()
+    for line in report_lines(report, args.top):
+        print(line)
+    return report.to_json()
+
+
+def report_lines(report: EdgeReport, top: int = 20) -> list[str]:
+    """The runs' metric, the graph's size, the top edges, the curve's areas, the controls' verdict."""
+    s = report.scores
+    lines = [f"{report.model} {report.revision}: {s.method}, {s.metric} clean {s.clean_value:.4g}, every edge patched "
+             f"{s.corrupted_value:.4g}; {s.graph['edges']} edges ({s.graph['senders']} senders, "
+             f"{s.graph['receivers']} receiver inputs)"]
+    if s.gap:
+        lines.append(gap_line(s.gap))
+    if s.kept is not None:
+        lines.append(f"ACDC at threshold {s.threshold}: {int(s.kept.sum())} of {len(s.edges)} edges kept")
+    lines.append("top edges (fraction of the gap lost when patched alone): "
+                 + ", ".join(f"{edge} {value:.3f}" for edge, value in s.top(min(top, len(s.edges)))))
+    if report.curve is not None:
+        c = report.curve
+        points = ", ".join(f"{k} edges {f:.3f}" for k, f in zip(c.n_edges_kept, c.faithfulness))
+        lines.append(f"faithfulness of the top edges: {points}")
+        lines.append(f"CPR {c.cpr:.4f} (area under faithfulness, higher is better), CMD {c.cmd:.4f} (area of |1 - f|, lower)")
+    if report.controls is not None:
+        e = report.controls
+        lines.append(f"discovered set ({len(e.edges)} edges): faithfulness {e.faithfulness:.3f}; "
+                     f"{format_rank_z(e.stats['rank'], e.stats['p'], e.stats['n_controls'], e.stats['z'])}; "
+                     f"matched-random edge sets {e.stats['control_mean']:.3f} +- {e.stats['control_std']:.3f}: "
+                     f"{e.verdict.label}")
+    if report.heads:
+        lines.append("heads of the discovered set: " + ",".join(f"L{l}H{h}" for l, h in report.heads))
+    lines += [f"note: {note}" for note in report.notes]
+    return lines

@@ -1,0 +1,158 @@
+"""Model -> edge report: every edge scored by one method, the faithfulness curve of its top edges, and the
+discovered edge set against matched-random edge sets.
+
+`run_edges` works on a loaded model and a PatchPair; `edges_model` loads a checkpoint first and
+builds the pairs from their spec (the induction probe's counterfactual, or a probe file tokenized
+with the model's own tokenizer), as core/pipelines/patching.py does for heads. The discovered set
+is ACDC's kept edges, or the `top` edges by |score| for EAP and EAP-IG.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from core.ablation.edges import (METHODS, MIB_FRACTIONS, EdgeControls, EdgeGraph, EdgeScores, EdgeSettings,
+                                 FaithfulnessCurve,
+                                 acdc, check_threshold, edge_attribution, edge_controls, faithfulness_curve, top_edges)
+from core.ablation.edges.eap import check_ig_steps
+from core.errors import HeadLabError
+from core.model.loading import DEFAULT_DTYPE, load_config, load_model
+from core.model.refs import Checkpoint, ModelRef, resolve_checkpoint
+from core.pipelines.patching import build_pairs
+from core.probe import check_probe_fits
+from core.results import JsonResult
+from core.tasks.counterfactual import InductionCounterfactualSpec, PatchPair
+from core.tasks.probe_file import ProbeFile
+
+# progress(stage, done, total): stage is "scores", "curve" or "controls"
+StageProgress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class EdgePlan(JsonResult):
+    """What an edge run does besides scoring.
+
+    method: "eap", "eap-ig" or "acdc"; ig_steps: EAP-IG's interpolations; threshold: ACDC's;
+    top: the edges of largest |score| that form the discovered set (EAP, EAP-IG) and are listed;
+    curve: also the faithfulness curve over `fractions`; n_controls, control_seed: the
+    matched-random edge sets the discovered set is compared with (0: none).
+    """
+
+    method: str = "eap"
+    ig_steps: int = 5
+    threshold: float = 0.01
+    top: int = 20
+    curve: bool = True
+    fractions: tuple[float, ...] = MIB_FRACTIONS
+    n_controls: int = 20
+    control_seed: int = 123
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise HeadLabError(f"edge method {self.method!r} is unknown; use one of {', '.join(METHODS)}.")
+        object.__setattr__(self, "ig_steps", check_ig_steps(self.ig_steps))
+        object.__setattr__(self, "threshold", check_threshold(self.threshold))
+        object.__setattr__(self, "fractions", tuple(float(f) for f in self.fractions))
+        if int(self.top) < 1:
+            raise HeadLabError(f"--top is {self.top}; keep at least one edge.")
+        if int(self.n_controls) < 0:
+            raise HeadLabError(f"--controls is {self.n_controls}; use 0 (none) or more random edge sets.")
+
+
+@dataclass(frozen=True, eq=False)
+class EdgeReport(JsonResult):
+    """One edge run: the scores, the discovered set (its edges and heads), its curve and controls."""
+
+    model: str
+    revision: Optional[str]
+    plan: EdgePlan
+    scores: EdgeScores
+    discovered: tuple[str, ...]
+    heads: tuple[tuple[int, int], ...]
+    curve: Optional[FaithfulnessCurve]
+    controls: Optional[EdgeControls]
+    seconds: dict
+    notes: tuple[str, ...]
+    provenance: dict
+
+
+def discovered_edges(scores: EdgeScores, plan: EdgePlan) -> np.ndarray:
+    """[edge] bool: ACDC's kept edges, or the plan's top edges by |score|."""
+    if scores.kept is not None:
+        return np.asarray(scores.kept, dtype=bool)
+    return top_edges(scores.scores, min(int(plan.top), scores.scores.size))
+
+
+def score_edges(model: Any, pair: PatchPair, settings: EdgeSettings, plan: EdgePlan,
+                progress: Optional[Callable[[int, int], None]] = None) -> EdgeScores:
+    """Every edge scored by plan.method."""
+    if plan.method == "acdc":
+        return acdc(model, pair, plan.threshold, settings, progress)
+    return edge_attribution(model, pair, settings, plan.ig_steps if plan.method == "eap-ig" else None, progress)
+
+
+def run_edges(model: Any, pair: PatchPair, settings: EdgeSettings = EdgeSettings(), plan: EdgePlan = EdgePlan(),
+              progress: Optional[StageProgress] = None) -> EdgeReport:
+    """Score every edge, then the faithfulness curve and the matched-random controls the plan asks for."""
+    def stage(name: str):
+        return None if progress is None else (lambda done, total: progress(name, done, total))
+
+    seconds, notes = {}, []
+    start = time.perf_counter()
+    scores = score_edges(model, pair, settings, plan, stage("scores"))
+    seconds["scores"] = time.perf_counter() - start
+    keep = discovered_edges(scores, plan)
+    curve = controls = None
+    if plan.curve:
+        start = time.perf_counter()
+        curve = faithfulness_curve(model, pair, scores.scores, settings, plan.fractions, plan.method, stage("curve"))
+        seconds["curve"] = time.perf_counter() - start
+    if plan.n_controls and keep.any():
+        start = time.perf_counter()
+        controls = edge_controls(model, pair, keep, settings, plan.n_controls, plan.control_seed, stage("controls"))
+        seconds["controls"] = time.perf_counter() - start
+    elif not keep.any():
+        notes.append(f"ACDC kept no edge at threshold {plan.threshold}: nothing to test against controls; "
+                     "lower --threshold.")
+    edges = tuple(scores.edges[i] for i in np.nonzero(keep)[0])
+    heads = tuple(EdgeGraph.from_summary(scores.graph).heads_of(keep))
+    notes += list(pair.spec.get("notes", ()))
+    return EdgeReport(str(getattr(model.cfg, "model_name", "")), None, plan, scores, edges, heads, curve, controls,
+                      seconds, tuple(notes), dict(scores.provenance))
+
+
+def check_has_pairs(pairs: Any) -> None:
+    """Refuse a probe file whose records lack a corrupted prompt: every edge method patches clean from corrupted."""
+    if isinstance(pairs, ProbeFile):
+        missing = [r.line for r in pairs.records if r.corrupted_prompt is None]
+        if missing:
+            raise HeadLabError(f"probe file {pairs.name}: line {missing[0]} has no corrupted_prompt ({len(missing)} of "
+                               f"{pairs.n_examples} lack one); edge methods need clean/corrupted pairs, since every "
+                               "edge is patched from the corrupted run. Add a corrupted_prompt of the same token length "
+                               "to every line.")
+
+
+def edges_model(ref: ModelRef, revision: Optional[str], pairs: InductionCounterfactualSpec | ProbeFile,
+                settings: EdgeSettings = EdgeSettings(), plan: EdgePlan = EdgePlan(), device: str = "cpu",
+                dtype: str = DEFAULT_DTYPE, progress: Optional[StageProgress] = None) -> EdgeReport:
+    """Load one checkpoint (default: the last), build the pairs, run `run_edges`; the report names the checkpoint."""
+    checkpoint = resolve_checkpoint(ref, revision)
+    check_has_pairs(pairs)
+    if not isinstance(pairs, ProbeFile):
+        check_probe_fits(pairs, load_config(ref, checkpoint.revision))
+    model = load_model(ref, checkpoint.revision, device=device, dtype=dtype)
+    return edges_loaded(model, ref.name, checkpoint, pairs, settings, plan, progress)
+
+
+def edges_loaded(model: Any, name: str, checkpoint: Checkpoint, pairs: Any, settings: EdgeSettings = EdgeSettings(),
+                 plan: EdgePlan = EdgePlan(), progress: Optional[StageProgress] = None) -> EdgeReport:
+    """`run_edges` on a loaded checkpoint (the app keeps models loaded); the report names the model and checkpoint."""
+    pair = build_pairs(model, pairs) if isinstance(pairs, (InductionCounterfactualSpec, ProbeFile)) else pairs.build()
+    report = run_edges(model, pair, settings, plan, progress)
+    report.provenance.update({"model": name, "revision": checkpoint.revision, "tokens": checkpoint.tokens,
+                              "pair_spec": pairs.to_json()})
+    return replace(report, model=name, revision=checkpoint.revision)
