@@ -211,7 +211,7 @@ class SeedInterval(JsonResult):
     low: float | None
     high: float | None
     n_seeds: int
-    level: float
+    confidence: float
     n_boot: int
     seed: int
     values: tuple[float, ...]
@@ -228,5 +228,5 @@ def seed_interval(values: Sequence[float], n_boot: int = 2000, seed: int = DEFAU
     low = high = None
     if v.size >= 2:
         low, high = bootstrap_ci(v, n_boot=n_boot, seed=seed, level=level)
-    return SeedInterval(mean=float(v.mean()), low=low, high=high, n_seeds=int(v.size), level=float(level),
+    return SeedInterval(mean=float(v.mean()), low=low, high=high, n_seeds=int(v.size), confidence=float(level),
                         n_boot=int(n_boot), seed=int(seed), values=tuple(float(x) for x in v))

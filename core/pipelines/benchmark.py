@@ -1,0 +1,775 @@
+"""The known-circuit benchmark: every proposer and patching method scored against circuits known by construction.
+
+For each known model (a `BenchmarkCase`: the checkpoint, its clean/corrupted pairs, the true heads,
+the ablation type under which the circuit holds, and its distractor groups) every head method of
+`HEAD_METHODS` gives each head a continuous score, and core.stats.recovery scores those against the
+truth (ROC AUC, average precision, precision@k with k = the true circuit's size, each with its
+permutation baseline). The methods and which number is the score:
+
+- "pattern screen": the head's induction selectivity against the uniform baseline at the final
+  checkpoint, the number its circuit membership is judged by (core.pipelines.recipe.screen_checkpoint);
+  its proposal is the screen's candidate circuit (heads at or above the membership threshold);
+- "spectral": the head's PR-integral over the model's checkpoints (Step 1 of [SPC]); not applicable,
+  with the reason, to a model of fewer than two checkpoints of known token counts;
+- "co-activation": the head's total coupling strength sum_j |J_ij| in the Ising fit of the
+  median-binarised max-attention spins ([CVC]; the fit of core.pipelines.coactivation); its
+  proposal is not made here (the pipeline's candidate needs PR-integral labels), so it is disposed
+  of as the top-k heads by that strength;
+- "gradient": [HHG]'s probe-loss gradient norm per head (core.pipelines.proposers.probe_gradient_magnitudes);
+- "activation patching (denoise | noise)": |patched score - base score| of each head patched alone
+  (core.ablation.patching.activation_patching) on the normalized scale (clean 1, corrupted 0; the
+  base is 0 when denoising, 1 when noising): the size of the head's effect in either direction;
+- "attribution patching (denoise | noise)": the same of its first-order estimate
+  (core.ablation.patching.attribution_patching).
+
+Every proposal except the screen's is the method's top-k heads, k = the true circuit's size (the same
+oracle size precision@k gets). Edge methods (EAP, EAP-IG, ACDC) join through `EDGE_METHODS`, scored
+per edge against the circuit's true edges by the same measures.
+
+The disposer (core.pipelines.proposers.dispose: ablation against random controls, the closure rules)
+then judges the true circuit, each method's proposal, random groups of the truth's size drawn from
+the heads outside the circuit, and the case's distractor groups, under the circuit's ablation type;
+a verdict is right when the true circuit passes (paper rule) and a random or distractor group does not.
+
+Each (model, item) result is a JSON file under cache_dir()/benchmark/, written atomically
+(core.workspace.atomic_write_json) under a key of everything that decides it, so an interrupted run
+resumes from its finished items and its report equals an uninterrupted run's (timings aside, which
+sit in the report's "runtime").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from core.ablation.edges import EdgeSettings, acdc, edge_attribution
+from core.ablation.patching import PatchSettings, activation_patching, attribution_patching
+from core.ablation.spec import PROBE_MODES
+from core.errors import HeadLabError
+from core.executor import ProgressBar
+from core.heads import HeadSet, head_name, parse_heads
+from core.model.hooks import model_shape
+from core.model.loading import DEFAULT_DTYPE, dtype_name, load_config, load_hf_model, load_model
+from core.model.refs import Checkpoint, ModelRef, list_checkpoints, resolve_checkpoint, weights_fingerprint
+from core.pipelines.proposers import DISPOSER, CircuitProposal, dispose, probe_gradient_magnitudes, top_heads
+from core.pipelines.recipe import screen_checkpoint, spectral_left_out
+from core.probe import head_stats
+from core.results import JsonResult, package_versions
+from core.stats.controls import count_matched_sets
+from core.stats.ising import DEFAULT_C, fit_ising_pseudolikelihood
+from core.stats.recovery import (DEFAULT_DRAWS, MEASURE_LABELS, MEASURES, TIES, check_scores_truth, recovery_all,
+                                 seed_interval)
+from core.stats.spectral import DEFAULT_DEFINITION, DEFAULT_RULE, SpectralResult, pr_per_head
+from core.stats.spins import binarize_at_median, max_attention_signal
+from core.store import cache_key
+from core.tasks.counterfactual import PatchPair
+from core.workspace import atomic_write_json, cache_dir, zoo_dir
+from core.zoo.known import CIRCUIT_FILE, KNOWN_MODELS, known_circuit, known_kind
+
+BENCHMARK_VERSION = "1"
+CACHE_KIND = "benchmark"
+GROUP_KINDS = ("truth", "proposal", "random", "distractor")
+EXPECTED = {"truth": "causal", "random": "not causal", "distractor": "not causal", "proposal": None}
+
+# Published edge ROC AUCs of circuit discovery on other models (ACDC, Conmy et al. 2023, the tables of its
+# repository), shown beside HeadLab's figures and never mixed with them.
+PUBLISHED_ANCHORS = (
+    {"source": "ACDC (Conmy et al. 2023)", "task": "tracr reverse", "method": "ACDC", "ablation": "zero",
+     "metric": "edge ROC AUC", "value": 1.000},
+    {"source": "ACDC (Conmy et al. 2023)", "task": "tracr reverse", "method": "subnetwork probing", "ablation": "zero",
+     "metric": "edge ROC AUC", "value": 0.692},
+    {"source": "ACDC (Conmy et al. 2023)", "task": "tracr reverse", "method": "head importance", "ablation": "zero",
+     "metric": "edge ROC AUC", "value": 0.656},
+    {"source": "ACDC (Conmy et al. 2023)", "task": "IOI (GPT-2 small)", "method": "ACDC", "ablation": "resample",
+     "metric": "edge ROC AUC", "value": 0.868},
+    {"source": "ACDC (Conmy et al. 2023)", "task": "greater-than (GPT-2 small)", "method": "ACDC", "ablation": "resample",
+     "metric": "edge ROC AUC", "value": 0.883},
+    {"source": "ACDC (Conmy et al. 2023)", "task": "docstring (4-layer attn-only)", "method": "ACDC (KL)",
+     "ablation": "resample", "metric": "edge ROC AUC", "value": 0.434},
+    {"source": "ACDC (Conmy et al. 2023)", "task": "docstring (4-layer attn-only)", "method": "ACDC (task metric)",
+     "ablation": "resample", "metric": "edge ROC AUC", "value": 0.972},
+)
+PUBLISHED_LABEL = "published numbers on other models (not HeadLab runs)"
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs
+
+
+@dataclass(frozen=True, eq=False)
+class BenchmarkCase:
+    """One known model, ready to score.
+
+    name: how the report names it; ref, revision: the checkpoint; task: the circuit's task (seeds of one
+    task are pooled); seed: the model's seed among them (None when there is one model of the task);
+    kind: "hand-wired" | "planted" | ...; truth: the true heads; edges: the true edges' text
+    ("L0H0->L1H0.k"); mode: the ablation type under which the circuit holds (a PROBE_MODES value);
+    distractors: name -> heads that are busy but outside the circuit; pairs: the clean/corrupted pairs
+    (the clean side is the probe batch of the screen, the gradient and the disposer); pair_spec: how
+    the pairs were made (part of every cache key).
+    """
+
+    name: str
+    ref: ModelRef
+    revision: str
+    task: str
+    truth: HeadSet
+    mode: str
+    pairs: PatchPair
+    pair_spec: dict
+    kind: str = "known"
+    seed: Optional[int] = None
+    edges: tuple[str, ...] = ()
+    distractors: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.mode not in PROBE_MODES:
+            raise HeadLabError(f"{self.name}: ablation type {self.mode!r} is not one of {', '.join(PROBE_MODES)}; "
+                               "fix the circuit's ablation type.")
+        if len(self.truth) == 0:
+            raise HeadLabError(f"{self.name}: the true circuit names no heads; a known circuit needs at least one.")
+
+    def describe(self, shape: tuple[int, int]) -> dict:
+        return {"name": self.name, "model": self.ref.name, "revision": self.revision, "task": self.task,
+                "seed": self.seed, "kind": self.kind, "shape": list(shape), "mode": self.mode,
+                "truth": [head_name(h) for h in self.truth], "edges": list(self.edges),
+                "distractors": {k: [head_name(h) for h in v] for k, v in self.distractors.items()},
+                "pairs": {"n_examples": self.pairs.n_examples, "seq_len": self.pairs.seq_len, **self.pair_spec}}
+
+
+@dataclass(frozen=True)
+class BenchmarkSettings(JsonResult):
+    """Everything besides the cases that decides a benchmark report.
+
+    n_draws, perm_seed: the permutation baseline; n_boot, boot_seed: the bootstrap over seeds;
+    n_controls, control_seed: the disposer's random controls per group (matched, else any-layer when
+    a group fills more than half a layer); n_random_groups, group_seed: random non-circuit groups
+    disposed of per model; max_examples: pairs used per model (None: all); methods: head methods run
+    (None: all of HEAD_METHODS); disposer_boot: the disposer's bootstrap resamples.
+    """
+
+    n_draws: int = DEFAULT_DRAWS
+    perm_seed: int = 0
+    n_boot: int = 2000
+    boot_seed: int = 0
+    n_controls: int = 20
+    control_seed: int = 123
+    n_random_groups: int = 10
+    group_seed: int = 7
+    max_examples: Optional[int] = None
+    methods: Optional[tuple[str, ...]] = None
+    disposer_boot: int = 200
+
+    def __post_init__(self) -> None:
+        for name, least in (("n_draws", 1), ("n_boot", 1), ("n_controls", 1), ("n_random_groups", 0),
+                            ("disposer_boot", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or int(value) != value or int(value) < least:
+                raise HeadLabError(f"benchmark {name} is {value!r}; use a whole number of at least {least}.")
+            object.__setattr__(self, name, int(value))
+        if self.max_examples is not None and int(self.max_examples) < 2:
+            raise HeadLabError(f"max_examples is {self.max_examples}; use at least 2 pairs, or None for all.")
+        if self.methods is not None:
+            methods = tuple(self.methods)
+            known = HEAD_METHOD_NAMES + EDGE_METHOD_NAMES
+            unknown = [m for m in methods if m not in known]
+            if unknown or not methods:
+                raise HeadLabError(f"unknown benchmark method(s) {', '.join(unknown) or '(none given)'}; use "
+                                   f"{', '.join(known)}.")
+            object.__setattr__(self, "methods", methods)
+
+    @property
+    def method_names(self) -> tuple[str, ...]:
+        """The head methods this run scores."""
+        return HEAD_METHOD_NAMES if self.methods is None else tuple(m for m in self.methods if m in HEAD_METHOD_NAMES)
+
+    @property
+    def edge_method_names(self) -> tuple[str, ...]:
+        """The edge methods this run scores."""
+        return EDGE_METHOD_NAMES if self.methods is None else tuple(m for m in self.methods if m in EDGE_METHOD_NAMES)
+
+
+QUICK = dict(n_draws=1000, n_controls=10, n_random_groups=3, max_examples=48, n_boot=1000, disposer_boot=100)
+
+
+# ---------------------------------------------------------------------------------------------
+# what one case's methods read, loaded once and only when asked
+
+
+class _Loaded:
+    """The case's model, Hugging Face model, pairs and head statistics, each made on first use."""
+
+    def __init__(self, case: BenchmarkCase, settings: BenchmarkSettings, device: str, dtype: str):
+        self.case, self.settings, self.device, self.dtype = case, settings, device, dtype
+        self._model = self._stats = None
+        pairs = case.pairs
+        if settings.max_examples is not None and pairs.n_examples > settings.max_examples:
+            first = pairs.select(slice(0, settings.max_examples))
+            # the spec names the subset: the HeadStats cache keys on it, and must not mistake it for the whole
+            clean = replace(first.clean, spec={**first.clean.spec, "first_examples": settings.max_examples})
+            pairs = PatchPair(clean, first.corrupted_tokens, first.corrupted_target,
+                              {**first.spec, "first_examples": settings.max_examples})
+        self.pairs = pairs
+        self.batch = pairs.clean  # ProbeBatch: tokens [example, pos], query_pos, target
+
+    @property
+    def model(self) -> Any:
+        if self._model is None:
+            self._model = load_model(self.case.ref, self.case.revision, device=self.device, dtype=self.dtype)
+        return self._model
+
+    def checkpoint(self) -> Checkpoint:
+        return resolve_checkpoint(self.case.ref, self.case.revision)
+
+    def stats(self, checkpoint: Optional[Checkpoint] = None) -> Any:
+        """HeadStats of the clean batch (cached by core.probe) at `checkpoint` (default: the case's)."""
+        ckpt = checkpoint or self.checkpoint()
+        own = ckpt.revision == self.checkpoint().revision
+        return head_stats(self.case.ref, ckpt, self.batch, model=self._model if own else None, device=self.device,
+                          dtype=self.dtype)
+
+
+@dataclass(frozen=True)
+class HeadScores(JsonResult):
+    """One method's per-head scores on one case ([layer, head]; None when not applicable, with the reason),
+    its own proposal and why, and notes."""
+
+    method: str
+    scores: Optional[np.ndarray]
+    proposal: tuple[str, ...]
+    rationale: str
+    not_applicable: str = ""
+    notes: tuple[str, ...] = ()
+
+
+def _top_k_proposal(method: str, scores: np.ndarray, k: int) -> tuple[tuple[str, ...], str]:
+    heads = top_heads(scores, k)
+    return tuple(head_name(h) for h in heads), f"top {k} heads by the {method} score (k = the true circuit's size)"
+
+
+def _screen_scores(x: _Loaded, k: int) -> HeadScores:
+    result = screen_checkpoint(x.stats(), n_null_draws=0)
+    membership = result.membership_selectivity if result.membership_selectivity is not None else result.selectivity
+    scores = np.asarray(membership[list(result.patterns).index("induction")], dtype=np.float64)  # [layer, head]
+    heads = result.induction_heads
+    why = (f"induction selectivity >= {result.induction_threshold:.3g}x (uniform baseline) at the final checkpoint"
+           if len(heads) else f"no head reaches {result.induction_threshold:.3g}x: nothing to propose")
+    return HeadScores("pattern screen", scores, tuple(head_name(h) for h in heads), why)
+
+
+def _spectral_scores(x: _Loaded, k: int) -> HeadScores:
+    checkpoints = list_checkpoints(x.case.ref)
+    note = spectral_left_out(x.case.ref.name, [c.tokens for c in checkpoints])
+    if note:
+        return HeadScores("spectral", None, (), "", not_applicable=note)
+    pr = np.stack([pr_per_head(x.stats(c).z_query, DEFAULT_DEFINITION) for c in checkpoints])  # [ckpt, layer, head]
+    result = SpectralResult.build(pr, [c.tokens for c in checkpoints], definition=DEFAULT_DEFINITION, rule=DEFAULT_RULE,
+                                  revisions=[c.revision for c in checkpoints])
+    scores = np.asarray(result.integral, dtype=np.float64)
+    proposal, why = _top_k_proposal("PR-integral", scores, k)
+    return HeadScores("spectral", scores, proposal, why + f" ({DEFAULT_DEFINITION} PR, {DEFAULT_RULE} rule over "
+                      f"{len(checkpoints)} checkpoints)")
+
+
+def _coactivation_scores(x: _Loaded, k: int) -> HeadScores:
+    stats = x.stats()
+    n_head = int(stats.attn_max.shape[2])
+    signal = max_attention_signal(stats.attn_max)  # [example, layer * n_head + head]
+    try:
+        spins = binarize_at_median(signal, n_head=n_head, allow_constant=True)
+        fit = fit_ising_pseudolikelihood(spins, C=DEFAULT_C, method="joint", constant="zero", n_head=n_head)
+    except HeadLabError as exc:
+        return HeadScores("co-activation", None, (), "", not_applicable=f"no Ising fit: {exc}")
+    if not fit.converged:
+        return HeadScores("co-activation", None, (), "", not_applicable=(
+            f"the Ising fit did not converge in {fit.n_iter} iterations; HeadLab refuses unconverged fits."))
+    strength = np.abs(np.asarray(fit.J, dtype=np.float64)).sum(axis=1).reshape(-1, n_head)  # [layer, head]
+    notes = ()
+    if fit.constant_heads:
+        notes = (f"{len(fit.constant_heads)} head(s) never change spin over the pairs: zero couplings, strength 0.",)
+    proposal, why = _top_k_proposal("coupling strength", strength, k)
+    return HeadScores("co-activation", strength, proposal, why, notes=notes)
+
+
+def _gradient_scores(x: _Loaded, k: int) -> HeadScores:
+    hf = load_hf_model(x.case.ref, x.case.revision, device=x.device, dtype=x.dtype)
+    grad = probe_gradient_magnitudes(hf, x.batch.tokens, x.batch.query_pos, x.batch.target)
+    del hf
+    proposal, why = _top_k_proposal("probe-loss gradient norm", grad, k)
+    return HeadScores("gradient", np.asarray(grad, dtype=np.float64), proposal, why)
+
+
+def _patching_scores(kind: str, direction: str) -> Callable[[_Loaded, int], HeadScores]:
+    name = f"{kind} patching ({direction})"
+    run = activation_patching if kind == "activation" else attribution_patching
+
+    def scores_of(x: _Loaded, k: int) -> HeadScores:
+        result = run(x.model, x.pairs, PatchSettings(direction=direction, allow_small_gap=True))
+        base = 0.0 if direction == "denoise" else 1.0
+        effect = np.abs(np.asarray(result.scores, dtype=np.float64) - base)  # [layer, head]
+        notes = tuple(getattr(result, "notes", ()))
+        gap = dict(result.gap or {})
+        if gap.get("flag"):
+            notes += (f"clean-corrupted gap flagged: {gap.get('flag')}",)
+        proposal, why = _top_k_proposal(f"|{kind} patching effect|", effect, k)
+        return HeadScores(name, effect, proposal, why, notes=notes)
+
+    return scores_of
+
+
+@dataclass(frozen=True)
+class HeadMethod:
+    """A way to score every head: its name, kind ("proposer" | "patching"), which number is the score, the function."""
+
+    name: str
+    kind: str
+    score: str
+    run: Callable[[_Loaded, int], HeadScores]
+
+
+HEAD_METHODS: tuple[HeadMethod, ...] = (
+    HeadMethod("pattern screen", "proposer", "induction selectivity (uniform baseline) at the final checkpoint",
+               _screen_scores),
+    HeadMethod("spectral", "proposer", "PR-integral over the checkpoints", _spectral_scores),
+    HeadMethod("co-activation", "proposer", "Ising coupling strength sum_j |J_ij| of median-binarised max attention",
+               _coactivation_scores),
+    HeadMethod("gradient", "proposer", "[HHG] probe-loss gradient norm (W_V + W_O block / sqrt(count))",
+               _gradient_scores),
+    HeadMethod("activation patching (denoise)", "patching", "|score| of the head's clean z patched into the corrupted run",
+               _patching_scores("activation", "denoise")),
+    HeadMethod("activation patching (noise)", "patching", "|1 - score| of the head's corrupted z patched into the clean run",
+               _patching_scores("activation", "noise")),
+    HeadMethod("attribution patching (denoise)", "patching", "|first-order estimate| of the denoising score",
+               _patching_scores("attribution", "denoise")),
+    HeadMethod("attribution patching (noise)", "patching", "|1 - first-order estimate| of the noising score",
+               _patching_scores("attribution", "noise")),
+)
+HEAD_METHOD_NAMES = tuple(m.name for m in HEAD_METHODS)
+
+
+ACDC_THRESHOLD = 0.01  # core.pipelines.edges.EdgePlan's default
+IG_STEPS = 5
+
+
+@dataclass(frozen=True)
+class EdgeScoresOf(JsonResult):
+    """One edge method's scores on one case: every edge's text ([edge], core.ablation.edges' order) and score,
+    or the reason there are none."""
+
+    method: str
+    edges: tuple[str, ...]
+    scores: Optional[np.ndarray]
+    not_applicable: str = ""
+    notes: tuple[str, ...] = ()
+
+
+def _edge_scores(method: str) -> Callable[[_Loaded], EdgeScoresOf]:
+    """EAP and EAP-IG: |estimated fraction of the clean-corrupted gap lost| when the edge alone is patched; ACDC:
+    the increase of its distance when the edge is removed in its pruning pass (kept edges at or above the threshold,
+    edges of a pruned receiver 0). The removed edges carry the corrupted run's sender outputs (resample)."""
+
+    def scores_of(x: _Loaded) -> EdgeScoresOf:
+        settings = EdgeSettings(metric="logit_diff", replacement="resample", allow_small_gap=True)
+        if method == "acdc":
+            result = acdc(x.model, x.pairs, ACDC_THRESHOLD, settings)
+            values = np.asarray(result.scores, dtype=np.float64)
+            notes = (f"ACDC threshold {ACDC_THRESHOLD}: kept {int(np.asarray(result.kept).sum())} edges",)
+        else:
+            result = edge_attribution(x.model, x.pairs, settings, ig_steps=None if method == "eap" else IG_STEPS)
+            values = np.abs(np.asarray(result.scores, dtype=np.float64))
+            notes = () if method == "eap" else (f"{IG_STEPS} interpolation steps",)
+        return EdgeScoresOf(EDGE_LABELS[method], tuple(result.edges), values, notes=notes)
+
+    return scores_of
+
+
+EDGE_LABELS = {"eap": "EAP", "eap-ig": "EAP-IG", "acdc": "ACDC"}
+
+
+@dataclass(frozen=True)
+class EdgeMethod:
+    """A way to score every edge of a case's graph, scored by the same measures against the case's true edges."""
+
+    name: str
+    score: str
+    run: Callable[[_Loaded], EdgeScoresOf]
+
+
+EDGE_METHODS: tuple[EdgeMethod, ...] = (
+    EdgeMethod("EAP", "|gradient x (corrupted - clean) sender output|, as a fraction of the gap", _edge_scores("eap")),
+    EdgeMethod("EAP-IG", f"the same, the gradient averaged over {IG_STEPS} embedding interpolations", _edge_scores("eap-ig")),
+    EdgeMethod("ACDC", f"distance increase when pruned (threshold {ACDC_THRESHOLD}, reverse topological order)",
+               _edge_scores("acdc")),
+)
+EDGE_METHOD_NAMES = tuple(m.name for m in EDGE_METHODS)
+
+
+# ---------------------------------------------------------------------------------------------
+# the known models as cases
+
+_SEEDED = re.compile(r"^(?P<task>.+)-s(?P<seed>\d+)$")
+
+
+def task_and_seed(name: str) -> tuple[str, Optional[int]]:
+    """A known model's task group and seed from its name: "planted-induction-neox-s1" -> ("planted-induction-neox", 1);
+    a name without a seed suffix is a task of its own."""
+    match = _SEEDED.match(name)
+    return (match["task"], int(match["seed"])) if match else (name, None)
+
+
+def known_case(model: str | ModelRef, revision: Optional[str] = None) -> BenchmarkCase:
+    """The case of a known model: a zoo name or a local folder holding circuit.json (HeadLabError when it has none,
+    or when the circuit names heads or edges the model lacks)."""
+    ref = model if isinstance(model, ModelRef) else ModelRef.parse(str(model))
+    circuit = known_circuit(ref, revision)
+    checkpoint = resolve_checkpoint(ref, revision)
+    pairs = circuit.build_pair()
+    name = Path(ref.name).name if ref.kind == "local" else ref.name
+    task, seed = task_and_seed(name)
+    distractors = {"distractors": circuit.distractors} if len(circuit.distractors) else {}
+    return BenchmarkCase(name=name, ref=ref, revision=checkpoint.revision, task=task, truth=circuit.heads,
+                         mode=circuit.ablation, pairs=pairs, pair_spec=dict(circuit.task), kind=circuit.kind, seed=seed,
+                         edges=circuit.edge_texts, distractors=distractors)
+
+
+def known_cases(names: Sequence[str] = (), kinds: Sequence[str] = ("handwired", "planted"), build: bool = False,
+                say: Optional[Callable[[str], None]] = None) -> tuple[list[BenchmarkCase], list[str]]:
+    """The cases of the named known models (zoo names or folders; default every registered one of `kinds`), and
+    notes on the ones left out. A registered hand-wired model not built yet is built (well under a second);
+    a planted one is trained only when `build` (else left out, with the command that trains it)."""
+    say = say or (lambda text: None)
+    chosen = list(names) or [n for n in KNOWN_MODELS if known_kind(n) in kinds]
+    cases, notes = [], []
+    for name in chosen:
+        registered = name in KNOWN_MODELS
+        if registered and not (zoo_dir() / name / CIRCUIT_FILE).is_file():
+            if known_kind(name) == "handwired" or build:
+                say(f"building known model {name}")
+                KNOWN_MODELS[name](progress=known_kind(name) != "handwired")
+            else:
+                notes.append(f"{name} is not built yet and was left out; train it with python -m core benchmark --build "
+                             "(or its builder in core.zoo.known).")
+                continue
+        cases.append(known_case(name))
+    return cases, notes
+
+
+# ---------------------------------------------------------------------------------------------
+# the cache of finished items
+
+
+def _item_key(case: BenchmarkCase, item: str, extra: dict) -> str:
+    model_id = case.ref.to_json()
+    payload = {"item": item, "weights": weights_fingerprint(case.ref, case.revision), **extra}
+    return cache_key(CACHE_KIND, json.dumps(model_id, sort_keys=True), case.revision, case.pair_spec,
+                     BENCHMARK_VERSION, payload)
+
+
+def _item_path(key: str):
+    digest = key.partition(":")[2]
+    return cache_dir() / CACHE_KIND / f"{digest}.json"
+
+
+def cached_item(case: BenchmarkCase, item: str, extra: dict, compute: Callable[[], dict]) -> tuple[dict, float, bool]:
+    """(result, seconds it took when computed, whether it came from the cache): the finished item, else computed
+    and written whole (a temporary file renamed into place) so an interrupted run leaves no half of it."""
+    key = _item_key(case, item, extra)
+    path = _item_path(key)
+    if path.is_file():
+        try:
+            record = json.loads(path.read_text())
+            if record.get("key") == key:
+                return record["result"], float(record["seconds"]), True
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # unreadable: computed again and replaced
+    started = time.perf_counter()
+    result = compute()
+    seconds = time.perf_counter() - started
+    try:
+        atomic_write_json(path, {"key": key, "item": item, "model": case.name, "seconds": seconds, "result": result})
+    except OSError as exc:
+        raise HeadLabError(f"cannot write the benchmark cache under {path.parent} ({exc.strerror}); free disk space "
+                           "or set HEADLAB_HOME to a folder you can write (nothing was left half-written).") from None
+    return result, seconds, False
+
+
+# ---------------------------------------------------------------------------------------------
+# one case
+
+
+def check_known_heads(case: BenchmarkCase, n_layers: int, n_heads: int) -> None:
+    """Refuse a case whose truth or distractors name heads the model lacks, before any work."""
+    named = [("true circuit", case.truth)] + [(f"distractor group {k!r}", HeadSet.of(v)) for k, v in case.distractors.items()]
+    for what, heads in named:
+        missing = [head_name(h) for h in heads if not (0 <= h[0] < n_layers and 0 <= h[1] < n_heads)]
+        if missing:
+            raise HeadLabError(f"{case.name}: the {what} names {', '.join(missing)}, but the model has {n_layers} layers "
+                               f"of {n_heads} heads (L0H0..L{n_layers - 1}H{n_heads - 1}); fix its circuit.json.")
+
+
+def true_edge_mask(case: BenchmarkCase, edges: Sequence[str]) -> np.ndarray:
+    """[edge] bool over the graph's edges (their text, in order): True at the circuit's true edges; an edge the
+    graph lacks is refused."""
+    index = {text: i for i, text in enumerate(edges)}
+    missing = [e for e in case.edges if e not in index]
+    if missing:
+        raise HeadLabError(f"{case.name}: the circuit's edges {', '.join(missing[:3])} are not edges of the model's graph "
+                           "(core.ablation.edges); fix its circuit.json.")
+    mask = np.zeros(len(edges), dtype=bool)
+    mask[[index[e] for e in case.edges]] = True
+    return mask
+
+
+def random_groups(truth: HeadSet, n_layers: int, n_heads: int, n_groups: int, seed: int) -> list[HeadSet]:
+    """Up to n_groups distinct random head sets of the truth's size, drawn from the heads outside it (seeded)."""
+    free = [(l, h) for l in range(n_layers) for h in range(n_heads) if (l, h) not in truth]
+    size = len(truth)
+    if size > len(free) or n_groups == 0:
+        return []
+    n_possible = math.comb(len(free), size)
+    rng = np.random.RandomState(seed)
+    seen: list[HeadSet] = []
+    attempts = 0
+    while len(seen) < min(n_groups, n_possible) and attempts < 100 * n_groups:
+        attempts += 1
+        group = HeadSet.of(free[int(i)] for i in rng.choice(len(free), size=size, replace=False))
+        if group not in seen:
+            seen.append(group)
+    return seen
+
+
+def disposer_settings(group: HeadSet, n_heads: int, settings: BenchmarkSettings, mode: str):
+    """The disposer's settings for `group`: matched controls under the circuit's ablation type, any-layer where
+    no matched control exists (a layer more than half selected) or fewer than 3 distinct ones do."""
+    controls = "matched"
+    counts = group.count_per_layer()
+    if any(k > n_heads - k for k in counts.values()) or count_matched_sets(group, n_heads) < 3:
+        controls = "any-layer"
+    return replace(DISPOSER, n_controls=settings.n_controls, controls=controls, mode=mode, seed=settings.control_seed,
+                   n_boot=settings.disposer_boot)
+
+
+def _disposal_record(case: BenchmarkCase, x: _Loaded, kind: str, label: str, heads: HeadSet,
+                     settings: BenchmarkSettings) -> dict:
+    n_layers, n_heads = model_shape(x.model)[:2]
+    ablation = disposer_settings(heads, n_heads, settings, case.mode)
+    if 2 * len(heads) > n_layers * n_heads:
+        disposal = dispose(None, None, CircuitProposal(label, HeadSet.of(()), (
+            f"{len(heads)} of the model's {n_layers * n_heads} heads: more than half, so no disjoint random control exists")))
+    else:
+        disposal = dispose(x.model, x.batch, CircuitProposal(label, heads, kind), ablation)
+    truth = set(case.truth)
+    overlap = len(truth & set(heads))
+    return {"kind": kind, "label": label, "heads": [head_name(h) for h in heads], "controls": ablation.controls,
+            "n_controls": ablation.n_controls, "mode": ablation.mode, "verdict_paper": disposal.verdict_paper,
+            "verdict_reference": disposal.verdict_reference, "metrics": disposal.metrics,
+            "reasons": list(disposal.reasons), "true_heads_in_group": overlap,
+            "precision": overlap / len(heads), "recall": overlap / len(truth)}
+
+
+def judge(kind: str, verdict: str) -> Optional[bool]:
+    """Whether a verdict (paper rule) is right for a group of this kind: None for a proposal (no expected answer)."""
+    expected = EXPECTED[kind]
+    if expected is None:
+        return None
+    called_causal = verdict == "pass"
+    return called_causal if expected == "causal" else not called_causal
+
+
+def run_case(case: BenchmarkCase, settings: BenchmarkSettings, device: str = "cpu", dtype: str = DEFAULT_DTYPE,
+             tick: Optional[Callable[[str], None]] = None) -> dict:
+    """Every head method and every disposal on one case (each a cached item); the case's part of the report."""
+    tick = tick or (lambda text: None)
+    config = load_config(case.ref, case.revision)
+    n_layers, n_heads = int(config.num_hidden_layers), int(config.num_attention_heads)
+    check_known_heads(case, n_layers, n_heads)
+    x = _Loaded(case, settings, device, dtype)
+    pair_extra = {"max_examples": settings.max_examples, "dtype": dtype_name(dtype)}
+    k = len(case.truth)
+    timings: dict[str, float] = {}
+    methods = []
+    shape = (n_layers, n_heads)
+    for method in HEAD_METHODS:
+        if method.name not in settings.method_names:
+            continue
+
+        def compute(method=method) -> dict:
+            return method.run(x, k).to_json()
+
+        result, seconds, _ = cached_item(case, f"scores/{method.name}", pair_extra, compute)
+        timings[f"scores/{method.name}"] = seconds
+        scored = HeadScores.from_json(result)
+        entry = {"method": method.name, "kind": method.kind, "score": method.score, **scored.to_json()}
+        if scored.scores is not None:
+            truth_mask = np.zeros(shape, dtype=bool)
+            for layer, head in case.truth:
+                truth_mask[layer, head] = True
+            measured = recovery_all(scored.scores, truth_mask, settings.n_draws, settings.perm_seed)
+            entry["recovery"] = {m: r.to_json() for m, r in measured.items()}
+        methods.append(entry)
+        tick(f"{case.name}: {method.name}")
+    edge_methods = []
+    for method in EDGE_METHODS:
+        if method.name not in settings.edge_method_names:
+            continue
+        if not case.edges:
+            edge_methods.append({"method": method.name, "score": method.score, "edges": [], "scores": None,
+                                 "not_applicable": "the circuit lists no true edges", "notes": []})
+            tick(f"{case.name}: {method.name}")
+            continue
+        result, seconds, _ = cached_item(case, f"edges/{method.name}", pair_extra,
+                                         lambda method=method: method.run(x).to_json())
+        timings[f"edges/{method.name}"] = seconds
+        scored = EdgeScoresOf.from_json(result)
+        entry = {"score": method.score, **scored.to_json()}
+        if scored.scores is not None:
+            entry["recovery"] = {m: r.to_json() for m, r in recovery_all(
+                scored.scores, true_edge_mask(case, scored.edges), settings.n_draws, settings.perm_seed).items()}
+        edge_methods.append(entry)
+        tick(f"{case.name}: {method.name}")
+    groups: list[tuple[str, str, HeadSet]] = [("truth", "true circuit", case.truth)]
+    for entry in methods:
+        if entry["proposal"]:
+            groups.append(("proposal", entry["method"], parse_heads(", ".join(entry["proposal"]))))
+    for i, group in enumerate(random_groups(case.truth, n_layers, n_heads, settings.n_random_groups, settings.group_seed)):
+        groups.append(("random", f"random {i}", group))
+    for label, heads in case.distractors.items():
+        heads = HeadSet.of(heads)
+        groups.append(("distractor", str(label), heads))
+        if len(heads) > 1:  # and each distractor alone
+            groups += [("distractor", f"{label}: {head_name(h)}", HeadSet.of((h,))) for h in heads]
+    disposals = []
+    for kind, label, heads in groups:
+        extra = {**pair_extra, "heads": [head_name(h) for h in heads], "kind": kind, "mode": case.mode,
+                 "n_controls": settings.n_controls, "control_seed": settings.control_seed,
+                 "disposer_boot": settings.disposer_boot}
+        record, seconds, _ = cached_item(case, f"dispose/{kind}/{label}", extra,
+                                         lambda kind=kind, label=label, heads=heads: _disposal_record(
+                                             case, x, kind, label, heads, settings))
+        timings[f"dispose/{kind}/{label}"] = seconds
+        disposals.append({**record, "correct": judge(kind, record["verdict_paper"])})
+        tick(f"{case.name}: dispose {label}")
+    return {"case": case.describe(shape), "methods": methods, "edge_methods": edge_methods, "disposals": disposals,
+            "timings": timings}
+
+
+def n_items(cases: Sequence[BenchmarkCase], settings: BenchmarkSettings) -> int:
+    """An estimate of the progress bar's total: methods and disposals per case."""
+    total = 0
+    for case in cases:
+        distractors = sum(1 + (len(v) if len(v) > 1 else 0) for v in case.distractors.values())
+        total += (2 * len(settings.method_names) + len(settings.edge_method_names) + 1 + settings.n_random_groups
+                  + distractors)
+    return total
+
+
+# ---------------------------------------------------------------------------------------------
+# the report
+
+
+def score_table(results: Sequence[dict], settings: BenchmarkSettings) -> list[dict]:
+    """One row per (level, method, task, measure): the mean over the task's seeds with its bootstrap interval,
+    the mean permutation baseline and the largest permutation p; a method with no score says why."""
+    rows = []
+    tasks: dict[str, list[dict]] = {}
+    for result in results:
+        tasks.setdefault(result["case"]["task"], []).append(result)
+    for level, key, names in (("head", "methods", settings.method_names), ("edge", "edge_methods",
+                                                                             settings.edge_method_names)):
+        for method in names:
+            for task, group in tasks.items():
+                entries = [next(m for m in r[key] if m["method"] == method) for r in group]
+                scored = [e for e in entries if e.get("recovery")]
+                missing = sorted({e["not_applicable"] for e in entries if not e.get("recovery")})
+                for measure in MEASURES:
+                    row = {"level": level, "method": method, "task": task, "measure": measure,
+                           "models": [r["case"]["name"] for r in group], "n_scored": len(scored),
+                           "not_applicable": missing}
+                    if scored:
+                        values = [e["recovery"][measure]["value"] for e in scored]
+                        row.update(seed_interval(values, n_boot=settings.n_boot, seed=settings.boot_seed).to_json())
+                        row["baseline_mean"] = float(np.mean([e["recovery"][measure]["baseline_mean"] for e in scored]))
+                        row["max_p"] = float(max(e["recovery"][measure]["p"] for e in scored))
+                    rows.append(row)
+    return rows
+
+
+def verdict_accuracy(results: Sequence[dict]) -> dict:
+    """Per group kind: how many groups, how many the disposer judged right (paper rule), the rate, and the verdicts."""
+    out = {}
+    for kind in GROUP_KINDS:
+        records = [d for r in results for d in r["disposals"] if d["kind"] == kind]
+        verdicts: dict[str, int] = {}
+        for d in records:
+            verdicts[d["verdict_paper"]] = verdicts.get(d["verdict_paper"], 0) + 1
+        judged = [d["correct"] for d in records if d["correct"] is not None]
+        out[kind] = {"n": len(records), "expected": EXPECTED[kind], "verdicts": verdicts,
+                     "correct": int(sum(judged)) if judged else None,
+                     "rate": float(np.mean(judged)) if judged else None}
+    return out
+
+
+def benchmark(cases: Sequence[BenchmarkCase], settings: BenchmarkSettings = BenchmarkSettings(), device: str = "cpu",
+              dtype: str = DEFAULT_DTYPE, progress: bool = True, quick: bool = False) -> dict:
+    """Every method on every case, scored, and the disposer's verdicts; the report as a JSON-ready dict.
+
+    Finished items are read from the cache (a rerun resumes); the report's "runtime" holds the timings.
+    """
+    if not cases:
+        raise HeadLabError("no known models to benchmark; build them first (core.zoo.known) or name one that exists.")
+    names = [c.name for c in cases]
+    if len(set(names)) != len(names):
+        raise HeadLabError(f"two known models share a name ({', '.join(sorted({n for n in names if names.count(n) > 1}))}); "
+                           "give each its own.")
+    started = time.perf_counter()
+    total = n_items(cases, settings)
+    results = []
+    with ProgressBar(total=total, desc="benchmark", unit="item", disable=not progress) as bar:
+        def tick(text: str) -> None:
+            bar.set_postfix_str(text[:60], refresh=False)
+            bar.update(1)
+
+        for case in cases:
+            results.append(run_case(case, settings, device, dtype, tick))
+        bar.total = bar.n
+    methods = [{"name": m.name, "kind": m.kind, "score": m.score} for m in HEAD_METHODS if m.name in settings.method_names]
+    timings = {r["case"]["name"]: r.pop("timings") for r in results}
+    return {
+        "benchmark": "HeadLab known-circuit benchmark (issue 34)",
+        "version": BENCHMARK_VERSION,
+        "quick": bool(quick),
+        "settings": settings.to_json(),
+        "measures": {m: MEASURE_LABELS[m] for m in MEASURES},
+        "ties": TIES,
+        "baseline": (f"the truth permuted against the scores, {settings.n_draws} draws (numpy default_rng seed "
+                     f"{settings.perm_seed}); p = (1 + draws >= value) / (1 + draws)"),
+        "interval": (f"percentile bootstrap of the mean over the seeds of a task ({settings.n_boot} resamples, seed "
+                     f"{settings.boot_seed}); none for a task of one model"),
+        "disposer": ("core.pipelines.proposers.dispose: ablation under the circuit's type against random controls "
+                     "(matched, any-layer where matched cannot be drawn), closure verdicts; right = the true circuit "
+                     "passes (paper rule), a random or distractor group does not"),
+        "methods": methods,
+        "edge_methods": [{"name": m.name, "score": m.score} for m in EDGE_METHODS if m.name in settings.edge_method_names],
+        "models": [r["case"] for r in results],
+        "results": results,
+        "table": score_table(results, settings),
+        "verdicts": verdict_accuracy(results),
+        "published": {"label": PUBLISHED_LABEL, "rows": [dict(row) for row in PUBLISHED_ANCHORS]},
+        "provenance": {"versions": package_versions(), "device": device, "dtype": dtype_name(dtype)},
+        "runtime": {"seconds": time.perf_counter() - started, "items_seconds": timings,
+                    "note": "wall time of this run; items read from the cache count the seconds they took when computed"},
+    }
+
+
+def report_fingerprint(report: dict) -> str:
+    """SHA-256 of the report without its runtime: equal for a resumed and an uninterrupted run."""
+    body = {k: v for k, v in report.items() if k != "runtime"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
