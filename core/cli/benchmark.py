@@ -125,7 +125,7 @@ def goals(report: dict) -> list[dict]:
                                 "method": entry["method"], "value": value, "met": value >= bound})
     for kind in ("truth", "distractor", "random"):
         acc = report["verdicts"][kind]
-        if acc["n"]:
+        if acc["rate"] is not None:
             out.append({"goal": f"disposer right on >= {VERDICT_GOAL:.0%} of {kind} groups", "model": "all",
                         "method": "disposer", "value": acc["rate"], "met": acc["rate"] >= VERDICT_GOAL})
     return out
@@ -145,7 +145,7 @@ def summary_text(report: dict) -> str:
             lines.append(f"  {method:34s} " + " | ".join(_cell(rows[(method, t)]) for t in tasks))
     for kind, acc in report["verdicts"].items():
         if acc["n"]:
-            rate = "" if acc["rate"] is None else f", right {acc['correct']}/{acc['n']} ({acc['rate']:.0%})"
+            rate = "" if acc["rate"] is None else f", right {acc['correct']}/{acc['n_judged']} ({acc['rate']:.0%})"
             lines.append(f"disposer on {kind} groups: {acc['verdicts']}{rate}")
     lines.append(f"runtime {report['runtime']['seconds']:.1f} s")
     return "\n".join(lines)
@@ -227,7 +227,7 @@ def report_markdown(report: dict, figures: dict[str, str] | None = None) -> str:
         if not acc["n"]:
             continue
         verdicts = ", ".join(f"{k}: {v}" for k, v in sorted(acc["verdicts"].items()))
-        right = "-" if acc["rate"] is None else f"{acc['correct']}/{acc['n']} ({acc['rate']:.0%})"
+        right = "-" if acc["rate"] is None else f"{acc['correct']}/{acc['n_judged']} ({acc['rate']:.0%}; not tested: not judged)"
         out.append(f"| {kind} | {acc['n']} | {acc['expected'] or 'none (a proposal)'} | {verdicts} | {right} |")
     out += ["", "| model | group | heads | controls | verdict (paper) | verdict (reference) | z logit | right |",
             "|---|---|---|---|---|---|---|---|"]

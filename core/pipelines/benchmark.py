@@ -575,10 +575,34 @@ def _disposal_record(case: BenchmarkCase, x: _Loaded, kind: str, label: str, hea
             "precision": overlap / len(heads), "recall": overlap / len(truth)}
 
 
+def distractor_groups(label: str, heads: HeadSet, size: int, n_total: int,
+                      settings: BenchmarkSettings) -> list[tuple[str, HeadSet]]:
+    """The groups made of a case's distractors: all of them (when at most half the model's heads, so that disjoint
+    controls exist), each alone, and up to n_random_groups seeded draws of the true circuit's size."""
+    groups = []
+    if 0 < 2 * len(heads) <= n_total:
+        groups.append((label, heads))
+    if len(heads) > 1:
+        groups += [(f"{label}: {head_name(h)}", HeadSet.of((h,))) for h in heads]
+    if 1 < size < len(heads):
+        members = list(heads)
+        rng = np.random.RandomState(settings.group_seed)
+        drawn: list[HeadSet] = []
+        for _ in range(100 * max(1, settings.n_random_groups)):
+            if len(drawn) >= min(settings.n_random_groups, math.comb(len(members), size)):
+                break
+            group = HeadSet.of(members[int(i)] for i in rng.choice(len(members), size=size, replace=False))
+            if group not in drawn and group != heads:
+                drawn.append(group)
+        groups += [(f"{label} of {size} ({i})", group) for i, group in enumerate(drawn)]
+    return groups
+
+
 def judge(kind: str, verdict: str) -> Optional[bool]:
-    """Whether a verdict (paper rule) is right for a group of this kind: None for a proposal (no expected answer)."""
+    """Whether a verdict (paper rule) is right for a group of this kind: None for a proposal (no expected answer)
+    and for a group that could not be tested."""
     expected = EXPECTED[kind]
-    if expected is None:
+    if expected is None or verdict == "not tested":
         return None
     called_causal = verdict == "pass"
     return called_causal if expected == "causal" else not called_causal
@@ -642,10 +666,8 @@ def run_case(case: BenchmarkCase, settings: BenchmarkSettings, device: str = "cp
     for i, group in enumerate(random_groups(case.truth, n_layers, n_heads, settings.n_random_groups, settings.group_seed)):
         groups.append(("random", f"random {i}", group))
     for label, heads in case.distractors.items():
-        heads = HeadSet.of(heads)
-        groups.append(("distractor", str(label), heads))
-        if len(heads) > 1:  # and each distractor alone
-            groups += [("distractor", f"{label}: {head_name(h)}", HeadSet.of((h,))) for h in heads]
+        groups += [("distractor", name, group) for name, group in distractor_groups(
+            str(label), HeadSet.of(heads), len(case.truth), n_layers * n_heads, settings)]
     disposals = []
     for kind, label, heads in groups:
         extra = {**pair_extra, "heads": [head_name(h) for h in heads], "kind": kind, "mode": case.mode,
@@ -665,7 +687,8 @@ def n_items(cases: Sequence[BenchmarkCase], settings: BenchmarkSettings) -> int:
     """An estimate of the progress bar's total: methods and disposals per case."""
     total = 0
     for case in cases:
-        distractors = sum(1 + (len(v) if len(v) > 1 else 0) for v in case.distractors.values())
+        distractors = sum(len(distractor_groups("", HeadSet.of(v), len(case.truth), 10**6, settings))
+                          for v in case.distractors.values())
         total += (2 * len(settings.method_names) + len(settings.edge_method_names) + 1 + settings.n_random_groups
                   + distractors)
     return total
@@ -711,7 +734,7 @@ def verdict_accuracy(results: Sequence[dict]) -> dict:
         for d in records:
             verdicts[d["verdict_paper"]] = verdicts.get(d["verdict_paper"], 0) + 1
         judged = [d["correct"] for d in records if d["correct"] is not None]
-        out[kind] = {"n": len(records), "expected": EXPECTED[kind], "verdicts": verdicts,
+        out[kind] = {"n": len(records), "n_judged": len(judged), "expected": EXPECTED[kind], "verdicts": verdicts,
                      "correct": int(sum(judged)) if judged else None,
                      "rate": float(np.mean(judged)) if judged else None}
     return out
