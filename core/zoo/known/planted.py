@@ -36,38 +36,41 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from numbers import Integral
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 import torch
 
 from core.ablation.engine import run_conditions
-from core.ablation.patching import PatchSettings, activation_patching
+from core.ablation.patching import PatchSettings, activation_patching, path_patching
 from core.ablation.spec import Ablation
 from core.errors import HeadLabError
+from core.executor import ProgressBar
 from core.heads import HeadSet, head_name, parse_heads
 from core.model.loading import load_model
 from core.model.refs import MANIFEST, ModelRef, read_manifest, zoo_model_dir
-from core.results import JsonResult, package_versions
-from core.tasks.counterfactual import InductionCounterfactualSpec, PatchPair
-from core.tasks.induction import InductionProbeSpec
+from core.results import JsonResult
+from core.tasks.counterfactual import PatchPair
+from core.tasks.known import KNOWN_TASKS, SwapInductionSpec, known_task
 from core.tasks.mixture import batch_generator
 from core.tasks.probe_batch import ProbeBatch, check_seed
 from core.workspace import atomic_directory, atomic_write_json
 from core.zoo.config import ModelConfig
+from core.zoo.known.handwired import measure_bounds
+from core.zoo.known.truth import KnownCircuit, write_circuit
 from core.zoo.train import _save_checkpoint, build_model, log_checkpoint_steps
 
 VOCAB_SIZE = 64
 YES, NO, MARK, BOS = 0, 1, 2, 3  # labels, the two-back marker, the duplicate rows' first token
 CONTENT_LOW = 4  # content tokens are [CONTENT_LOW, VOCAB_SIZE)
-# The duplicate rows draw from [CONTENT_LOW, DUPLICATE_HIGH) only: telling an earlier copy from none needs
-# a sharp token match, which one head's rank-16 QK gives over 20 tokens but not over 60.
+# The duplicate rows draw from [CONTENT_LOW, DUPLICATE_HIGH) only: telling an earlier copy from none needs a
+# sharp token match; one head's QK learnt it over 20 tokens within the budget, not over 60 (at d_head 16).
 DUPLICATE_HIGH = 24
 TASKS = ("induction", "duplicate", "two-back")
 PATTERNS = ("previous-token", "two-back", "duplicate-token", "duplicate-or-first", "induction")  # pattern_keys
 CONFIRMATION = "confirmation.json"
-PROBE_SEQ_LEN = 31  # probes and pairs: the query is the last position (an x, or a marker M)
 
 
 # ----------------------------------------------------------------------------------- tasks
@@ -78,20 +81,34 @@ def _content(gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
 
 
 def induction_rows(gen: torch.Generator, n: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random prefix, then a chunk of 4..seq_len//2 distinct tokens repeated to the end.
+    """Even rows: a random prefix, then a chunk of 4..seq_len//2 distinct tokens repeated to the end. Odd
+    rows: fillers with three bigrams A B planted twice (first copies before second copies), as in the
+    swap probe (core.tasks.known); the fillers avoid the planted tokens.
 
     Returns tokens [n, seq_len] and mask [n, seq_len] (mask[t]: the prediction of tokens[t+1] is
-    scored; true where that token is a repeat, predictable by induction).
+    scored; true where induction predicts it: inside the repeats, at the second A of each bigram).
     """
     tokens = torch.empty((n, seq_len), dtype=torch.long)
     mask = torch.zeros((n, seq_len), dtype=torch.bool)
+    n_content = VOCAB_SIZE - CONTENT_LOW
     for i in range(n):
-        chunk_len = int(torch.randint(4, seq_len // 2 + 1, (), generator=gen))
-        prefix_len = int(torch.randint(0, seq_len - 2 * chunk_len + 1, (), generator=gen))
-        chunk = CONTENT_LOW + torch.randperm(VOCAB_SIZE - CONTENT_LOW, generator=gen)[:chunk_len]
-        copies = -(-(seq_len - prefix_len) // chunk_len)
-        tokens[i] = torch.cat([_content(gen, (prefix_len,)), chunk.repeat(copies)])[:seq_len]
-        mask[i, prefix_len + chunk_len: seq_len - 1] = True  # the second copy on: its next token was seen
+        if i % 2 == 0:
+            chunk_len = int(torch.randint(4, seq_len // 2 + 1, (), generator=gen))
+            prefix_len = int(torch.randint(0, seq_len - 2 * chunk_len + 1, (), generator=gen))
+            chunk = CONTENT_LOW + torch.randperm(n_content, generator=gen)[:chunk_len]
+            copies = -(-(seq_len - prefix_len) // chunk_len)
+            tokens[i] = torch.cat([_content(gen, (prefix_len,)), chunk.repeat(copies)])[:seq_len]
+            mask[i, prefix_len + chunk_len: seq_len - 1] = True  # the second copy on: its next token was seen
+        else:
+            order = CONTENT_LOW + torch.randperm(n_content, generator=gen)
+            planted, fillers = order[:6].view(3, 2), order[6:]
+            tokens[i] = fillers[torch.randint(0, n_content - 6, (seq_len,), generator=gen)]
+            slots = 2 * torch.sort(torch.randperm(seq_len // 2, generator=gen)[:6]).values
+            second = torch.randperm(3, generator=gen)
+            for k in range(3):
+                tokens[i, slots[k]: slots[k] + 2] = planted[k]
+                tokens[i, slots[3 + k]: slots[3 + k] + 2] = planted[second[k]]
+                mask[i, slots[3 + k]] = True
     return tokens, mask
 
 
@@ -174,78 +191,157 @@ def pattern_keys(pattern: str, tokens: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------------- probes and pairs
 
 
-def _replace_except(rng: np.random.RandomState, avoid: set[int]) -> int:
-    choices = [t for t in range(CONTENT_LOW, VOCAB_SIZE) if t not in avoid]
+def _fresh(rng: np.random.RandomState, low: int, high: int, avoid: set[int]) -> int:
+    """A token of [low, high) outside `avoid`, uniform."""
+    choices = [t for t in range(low, high) if t not in avoid]
     return int(choices[rng.randint(len(choices))])
 
 
-def task_pair(task: str, n_examples: int = 128, seed: int = 0, seq_len: int = PROBE_SEQ_LEN) -> PatchPair:
-    """The clean/corrupted pairs of `task`; the clean side is the task's probe (query = last position).
+@dataclass(frozen=True)
+class _PairSpec(JsonResult):
+    """N prompts of T tokens of the planted vocabulary, seeded; the query is the last position."""
 
-    induction: the built-in counterfactual (A B ... A, the earlier A replaced; target B kept).
-    duplicate: the last x occurs once earlier (at p, duplicate_pos) so the label is YES; corrupted: that
-    earlier copy replaced by a token absent from the row (label NO, the corrupted target).
-    two-back: ... a b M at the end (target a, two back; duplicate_pos = q-2, induction_pos = q-1);
-    corrupted: that a replaced by another token a' (the corrupted target).
-    Random draws from numpy RandomState(seed).
+    task: ClassVar[str] = ""
+    n_examples: int = 128
+    seq_len: int = 31
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("n_examples", "seq_len", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, Integral):
+                raise HeadLabError(f"{self.task} task {name} must be an integer, got {value!r}.")
+            object.__setattr__(self, name, int(value))
+        check_seed(self.seed, f"{self.task} task seed")
+        if self.n_examples < 1:
+            raise HeadLabError(f"{self.task} task n_examples must be at least 1.")
+
+    def to_json(self) -> dict:
+        return {"task": self.task, **super().to_json()}
+
+    def check_vocab(self, vocab_size: int) -> None:
+        if VOCAB_SIZE > int(vocab_size):
+            raise HeadLabError(f"the {self.task} task uses token ids up to {VOCAB_SIZE - 1}, which a model with "
+                               f"{vocab_size} tokens cannot read; use a planted model (core.zoo.known.planted).")
+
+    def _batch(self, tokens: np.ndarray, target: np.ndarray, key: np.ndarray) -> ProbeBatch:
+        n, q = self.n_examples, self.seq_len - 1
+        keys = torch.from_numpy(key.astype(np.int64))
+        return ProbeBatch(tokens=torch.from_numpy(tokens), query_pos=torch.full((n,), q, dtype=torch.long),
+                          target=torch.from_numpy(target.astype(np.int64)), induction_pos=keys + 1, duplicate_pos=keys,
+                          spec={**self.to_json(), "rng": "numpy.RandomState"})
+
+    def build_batch(self) -> ProbeBatch:
+        """The clean prompts as a probe batch (the ablation study's input)."""
+        return self.build_pair().clean
+
+    def build(self) -> PatchPair:
+        return self.build_pair()
+
+    def build_pair(self) -> PatchPair:  # pragma: no cover - each task defines it
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class DuplicatePairSpec(_PairSpec):
+    """BOS (x, label) ... x: is the last x a duplicate? Half the prompts yes, half no; corrupted: the other answer.
+
+    Per prompt two tokens A (the last x) and F occur nowhere else; one x position p holds A in the YES
+    prompt and F in the NO prompt (every label is the same in both, the one after p is NO either way).
+    Even examples: clean YES, corrupted NO; odd: clean NO, corrupted YES. duplicate_pos = p.
     """
-    check_seed(seed, "the pair seed")
-    if task == "induction":
-        probe = InductionProbeSpec(n_examples=n_examples, seq_len=seq_len, token_low=CONTENT_LOW,
-                                   token_high=VOCAB_SIZE, seed=seed)
-        pair = InductionCounterfactualSpec(probe, seed=seed).build()
-        return PatchPair(pair.clean, pair.corrupted_tokens, None, {**pair.spec, "planted_task": task})
-    if task not in TASKS:
-        raise HeadLabError(f"unknown planted task {task!r}; use one of {', '.join(TASKS)}.")
-    if seq_len % 2 == 0 or seq_len < 11:
-        raise HeadLabError(f"planted {task} pairs need an odd seq_len of at least 11 (the query ends the row); got {seq_len}.")
-    rng = np.random.RandomState(seed)
-    q = seq_len - 1
-    clean = np.empty((n_examples, seq_len), dtype=np.int64)
-    corrupted = np.empty_like(clean)
-    key = np.empty(n_examples, dtype=np.int64)
-    target = np.empty(n_examples, dtype=np.int64)
-    other = np.empty(n_examples, dtype=np.int64)
-    for i in range(n_examples):
-        if task == "duplicate":
-            a = int(rng.randint(CONTENT_LOW, VOCAB_SIZE))
-            alphabet = [_replace_except(rng, {a}) for _ in range(int(rng.randint(6, 15)))]
-            xs = [alphabet[rng.randint(len(alphabet))] for _ in range(q // 2)]
-            p = 2 * int(rng.randint(0, q // 2 - 1))  # an x position at least two pairs before q
-            xs[p // 2] = a
-            fresh = _replace_except(rng, set(xs) | {a})
-            for row, first in ((clean[i], a), (corrupted[i], fresh)):
-                seen: set[int] = set()
+
+    task: ClassVar[str] = "planted-duplicate"
+    seq_len: int = 30
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.seq_len % 2 or self.seq_len < 10:
+            raise HeadLabError(f"planted-duplicate prompts are BOS, (x, label) pairs and a last x, so seq_len is even "
+                               f"and at least 10; got {self.seq_len}.")
+
+    def build_pair(self) -> PatchPair:
+        rng = np.random.RandomState(self.seed)
+        n, q = self.n_examples, self.seq_len - 1
+        clean = np.empty((n, self.seq_len), dtype=np.int64)
+        corrupted = np.empty_like(clean)
+        key, target, other = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+        n_x = (q - 1) // 2  # x positions before the query: 1, 3, ..., q-2
+        for i in range(n):
+            a = _fresh(rng, CONTENT_LOW, DUPLICATE_HIGH, set())
+            f = _fresh(rng, CONTENT_LOW, DUPLICATE_HIGH, {a})
+            size = int(rng.randint(8, 17))
+            alphabet = [t for t in rng.permutation(np.arange(CONTENT_LOW, DUPLICATE_HIGH)) if t not in (a, f)][:size]
+            xs = [int(alphabet[rng.randint(len(alphabet))]) for _ in range(n_x)]
+            slot = int(rng.randint(0, n_x - 1))  # p = 2 * slot + 1, at least one pair before the query
+            rows = []
+            for first in (a, f):
                 items = list(xs)
-                items[p // 2] = first
-                for j, x in enumerate(items):
-                    row[2 * j], row[2 * j + 1] = x, (YES if x in seen else NO)
+                items[slot] = first
+                row, seen = [BOS], set()
+                for x in items:
+                    row += [x, YES if x in seen else NO]
                     seen.add(x)
-                row[q] = a
-            key[i], target[i], other[i] = p, YES, NO
-        else:
-            tokens, _ = two_back_rows(torch.Generator().manual_seed(int(rng.randint(2**31))), 1, seq_len)
-            row = tokens[0].numpy()
-            a, b = int(row[q - 2]), int(row[q - 1])
-            fresh = _replace_except(rng, {a, b})
-            clean[i], corrupted[i] = row, row
-            corrupted[i, q - 2] = fresh
-            key[i], target[i], other[i] = q - 2, a, fresh
-    keys = torch.from_numpy(key)
-    batch = ProbeBatch(tokens=torch.from_numpy(clean), query_pos=torch.full((n_examples,), q, dtype=torch.long),
-                       target=torch.from_numpy(target), induction_pos=keys + 1, duplicate_pos=keys,
-                       spec={"task": f"planted-{task}", "n_examples": n_examples, "seq_len": seq_len, "seed": seed,
-                             "rng": "numpy.RandomState"})
-    corruption = ("the earlier copy of the last x replaced by a token absent from the row (label YES -> NO)"
-                  if task == "duplicate" else "the token two back from the final marker replaced (answer a -> a')")
-    spec = {"task": f"planted-{task}-counterfactual", "planted_task": task, "probe": dict(batch.spec), "seed": seed,
-            "corruption": corruption}
-    return PatchPair(batch, torch.from_numpy(corrupted), torch.from_numpy(other), spec)
+                rows.append(row + [a])
+            yes, no = rows
+            clean[i], corrupted[i] = (yes, no) if i % 2 == 0 else (no, yes)
+            target[i], other[i] = (YES, NO) if i % 2 == 0 else (NO, YES)
+            key[i] = 2 * slot + 1
+        batch = self._batch(clean, target, key)
+        spec = {**batch.spec, "corruption": "the x at p swapped between the last x's token A and a token F absent "
+                                            "elsewhere: the label flips (even examples YES -> NO, odd NO -> YES)"}
+        return PatchPair(batch, torch.from_numpy(corrupted), torch.from_numpy(other), spec)
 
 
-def task_probe(task: str, n_examples: int = 128, seed: int = 0, seq_len: int = PROBE_SEQ_LEN) -> ProbeBatch:
-    """The task's probe batch (the clean side of `task_pair`)."""
-    return task_pair(task, n_examples, seed, seq_len).clean
+@dataclass(frozen=True)
+class TwoBackPairSpec(_PairSpec):
+    """Quadruples (a, b, M, a) ending in a b M: answer a (two back); corrupted: that a replaced by a' (answer a').
+
+    duplicate_pos = q-2 (the key the two-back head reads), induction_pos = q-1.
+    """
+
+    task: ClassVar[str] = "planted-two-back"
+    seq_len: int = 31
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.seq_len % 4 != 3 or self.seq_len < 7:
+            raise HeadLabError(f"planted-two-back prompts are (a, b, M, a) quadruples ending in a b M, so seq_len is "
+                               f"4k + 3 (7, 11, ..., 31); got {self.seq_len}.")
+
+    def build_pair(self) -> PatchPair:
+        rng = np.random.RandomState(self.seed)
+        n, q = self.n_examples, self.seq_len - 1
+        tokens, _ = two_back_rows(torch.Generator().manual_seed(int(rng.randint(2**31))), n, self.seq_len)
+        clean = tokens.numpy().astype(np.int64)
+        corrupted = clean.copy()
+        target, other = clean[:, q - 2].copy(), np.empty(n, dtype=np.int64)
+        for i in range(n):
+            other[i] = _fresh(rng, CONTENT_LOW, VOCAB_SIZE, {int(clean[i, q - 2]), int(clean[i, q - 1])})
+        corrupted[:, q - 2] = other
+        batch = self._batch(clean, target, np.full(n, q - 2))
+        spec = {**batch.spec, "corruption": "the token two back from the final marker replaced: answer a -> a'"}
+        return PatchPair(batch, torch.from_numpy(corrupted), torch.from_numpy(other), spec)
+
+
+PAIR_SPECS = {"planted-duplicate": DuplicatePairSpec, "planted-two-back": TwoBackPairSpec}
+KNOWN_TASKS.update(PAIR_SPECS)  # circuit.json's task records are read by core.tasks.known.known_task
+
+
+def task_record(task: str, n_examples: int = 128, seed: int = 0) -> dict:
+    """The circuit.json task record of a planted task (known_task rebuilds its pairs and probe from it).
+
+    induction uses the swap counterfactual of core.tasks.known (A and C swapped: every true head moves)
+    over the content tokens.
+    """
+    if task == "induction":
+        return SwapInductionSpec(n_examples=n_examples, seq_len=31, token_low=CONTENT_LOW, token_high=VOCAB_SIZE,
+                                 seed=seed).to_json()
+    if task == "duplicate":
+        return DuplicatePairSpec(n_examples=n_examples, seed=seed).to_json()
+    if task == "two-back":
+        return TwoBackPairSpec(n_examples=n_examples, seed=seed).to_json()
+    raise HeadLabError(f"unknown planted task {task!r}; use one of {', '.join(TASKS)}.")
 
 
 # ----------------------------------------------------------------------------------- planting
@@ -307,13 +403,16 @@ class PlantedConfig(JsonResult):
     patterns: dict[str, str] = field(default_factory=dict)  # circuit head -> the attention pattern it is guided to
     n_layers: int = 2
     n_heads: int = 4
-    d_model: int = 64
-    d_ff: int = 128
+    d_model: int = 128  # d_head 32: at 16 the induction head's copy of 60 tokens stalled for some seeds
+    d_ff: int = 256
     seq_len: int = 32
-    steps: int = 600
+    # gpt_neox: rotary on a quarter of each head's dims (as in Pythia); the rest match tokens at any distance
+    rotary_pct: float = 0.25
+    steps: int = 1000
     batch_size: int = 32
     lr: float = 3e-3
     warmup_steps: int = 30
+    decay_fraction: float = 0.3
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     pattern_weight: float = 0.1  # weight of the attention-pattern loss (circuit heads' guides and decoys)
@@ -340,16 +439,17 @@ class PlantedConfig(JsonResult):
 
     def model_config(self) -> ModelConfig:
         return ModelConfig(family=self.family, n_layers=self.n_layers, n_heads=self.n_heads, d_model=self.d_model,
-                           d_ff=self.d_ff, vocab_size=VOCAB_SIZE, max_seq_len=self.seq_len)
+                           d_ff=self.d_ff, vocab_size=VOCAB_SIZE, max_seq_len=self.seq_len,
+                           rotary_pct=self.rotary_pct if self.family == "gpt_neox" else 1.0)
 
 
 _RECIPES = {
-    "induction": dict(family="gpt_neox", circuit=("L0H1", "L1H2"),
+    "induction": dict(family="gpt_neox", steps=800, circuit=("L0H1", "L1H2"),
                       roles={"L0H1": "previous-token", "L1H2": "induction"}, edges=("L0H1->L1H2.k",),
                       decoys={"L0H3": "previous-token"}, patterns={"L0H1": "previous-token", "L1H2": "induction"}),
-    "duplicate": dict(family="gpt_neox", circuit=("L1H1",), roles={"L1H1": "duplicate-token"}, edges=(),
+    "duplicate": dict(family="gpt_neox", steps=1000, circuit=("L1H1",), roles={"L1H1": "duplicate-token"}, edges=(),
                       decoys={"L0H0": "duplicate-token"}, patterns={"L1H1": "duplicate-or-first"}),
-    "two-back": dict(family="llama", circuit=("L0H2",), roles={"L0H2": "two-back copy"}, edges=(),
+    "two-back": dict(family="llama", steps=400, circuit=("L0H2",), roles={"L0H2": "two-back copy"}, edges=(),
                      decoys={"L1H0": "two-back"}, patterns={"L0H2": "two-back"}),
 }
 SEEDS = (0, 1, 2)
@@ -370,7 +470,12 @@ PLANTED_CONFIGS: dict[str, PlantedConfig] = {
 
 
 def _lr_at(step: int, cfg: PlantedConfig) -> float:
-    return cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup_steps))
+    """Linear warm-up, constant, then a linear decay to 10% over the last decay_fraction of the steps."""
+    scale = min(1.0, (step + 1) / max(1, cfg.warmup_steps))
+    decay_start = cfg.steps * (1.0 - cfg.decay_fraction)
+    if cfg.decay_fraction > 0 and step >= decay_start:
+        scale *= 1.0 - 0.9 * (step - decay_start) / (cfg.steps - decay_start)
+    return cfg.lr * scale
 
 
 def planted_loss(model: Any, cfg: PlantedConfig, tokens: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, dict]:
@@ -454,4 +559,206 @@ def train_planted(cfg: PlantedConfig, out_dir: Path, stop_after_steps: int | Non
     return manifest
 
 
-PLANTED: dict = {}  # filled below the builders
+# ----------------------------------------------------------------------------------- confirmation
+
+# The rule a planted circuit must pass before circuit.json is written (fixed before any model was trained).
+# Effects are on patching's normalized scale (clean 1, corrupted 0): a head's denoising score, 1 - its
+# noising score. Accuracies are top-1 on the task's clean prompts; the ablation is the planting's (resample).
+RULE = {
+    "clean_top1_min": 0.9,  # the model does the task
+    "true_effect_min": 0.2,  # every circuit head, patched alone, in both directions
+    "other_effect_max": 0.05,  # |effect| of every other head patched alone, both directions
+    "others_ablated_top1_drop_max": 0.05,  # every non-circuit head resample-ablated together
+    "true_ablated_top1_drop_min": 0.3,  # the circuit resample-ablated together
+    "edge_score_min": 0.2,  # each planted head-to-head edge, path-patched alone (denoising) through its input
+}
+RULE_TEXT = ("confirmed when: clean top-1 >= 0.9; every circuit head patched alone has effect >= 0.2 denoising and "
+             "noising (effect = score denoising, 1 - score noising; clean 1, corrupted 0); every other head "
+             "|effect| < 0.05 in both directions; resample-ablating every non-circuit head costs at most 0.05 top-1; "
+             "resample-ablating the circuit costs at least 0.3 top-1; each planted head-to-head edge path-patched "
+             "(denoising, through its q/k/v input) scores >= 0.2")
+
+
+def confirmation_rule(denoise: np.ndarray, noise: np.ndarray, circuit: HeadSet, top1: dict[str, float],
+                      edge_scores: dict[str, float] | None = None) -> dict:
+    """Apply RULE to per-head patching scores ([layer, head], denoising and noising), top-1 accuracies
+    ({"clean", "true_ablated", "others_ablated"}) and the planted edges' path-patching scores ({edge text:
+    score}); returns each check, the failures named, and the verdict."""
+    denoise, noise = np.asarray(denoise, dtype=np.float64), np.asarray(noise, dtype=np.float64)
+    if denoise.shape != noise.shape or denoise.ndim != 2:
+        raise HeadLabError(f"patching scores must be two [layer, head] grids of one shape; got {denoise.shape} and {noise.shape}.")
+    circuit.validate(*denoise.shape)
+    effects = {"denoise": denoise, "noise": 1.0 - noise}
+    mask = circuit.mask(*denoise.shape)
+    failures = []
+    if top1["clean"] < RULE["clean_top1_min"]:
+        failures.append(f"clean top-1 {top1['clean']:.3f} < {RULE['clean_top1_min']}")
+    for direction, effect in effects.items():
+        for layer, head in zip(*np.nonzero(mask)):
+            if effect[layer, head] < RULE["true_effect_min"]:
+                failures.append(f"{head_name((layer, head))} {direction} effect {effect[layer, head]:.3f} < {RULE['true_effect_min']}")
+        for layer, head in zip(*np.nonzero(~mask)):
+            if abs(effect[layer, head]) >= RULE["other_effect_max"]:
+                failures.append(f"{head_name((layer, head))} (not in the circuit) {direction} effect "
+                                f"{effect[layer, head]:.3f}, |effect| >= {RULE['other_effect_max']}")
+    others_drop = top1["clean"] - top1["others_ablated"]
+    if others_drop > RULE["others_ablated_top1_drop_max"]:
+        failures.append(f"every other head ablated costs {others_drop:.3f} top-1 > {RULE['others_ablated_top1_drop_max']}")
+    true_drop = top1["clean"] - top1["true_ablated"]
+    if true_drop < RULE["true_ablated_top1_drop_min"]:
+        failures.append(f"the circuit ablated costs only {true_drop:.3f} top-1 < {RULE['true_ablated_top1_drop_min']}")
+    for edge, score in (edge_scores or {}).items():
+        if score < RULE["edge_score_min"]:
+            failures.append(f"edge {edge} path-patching score {score:.3f} < {RULE['edge_score_min']}")
+    others = ~mask
+    return {
+        "confirmed": not failures, "failures": failures,
+        "min_true_effect": float(min(effect[mask].min() for effect in effects.values())),
+        "max_other_abs_effect": float(max(np.abs(effect[others]).max() for effect in effects.values())) if others.any() else 0.0,
+        "others_ablated_top1_drop": float(others_drop), "true_ablated_top1_drop": float(true_drop),
+    }
+
+
+def _circuit(cfg: PlantedConfig, bounds: dict | None = None) -> KnownCircuit:
+    notes = (f"trained with every non-circuit head resample-ablated at every step (its slice of the attention "
+             f"output, before the output projection, taken from the next example of the batch), {cfg.steps} steps, "
+             f"seed {cfg.seed}; attention-pattern guides on the circuit heads ({', '.join(f'{k}: {v}' for k, v in cfg.patterns.items())})",
+             f"distractors trained to attend like circuit heads with their output resample-ablated: "
+             f"{', '.join(f'{k}: {v}' for k, v in cfg.decoys.items()) or 'none'}",
+             f"ground truth confirmed by exhaustive per-head activation patching (core.zoo.known.planted): {RULE_TEXT}")
+    return KnownCircuit(name=cfg.name, kind="planted", heads=cfg.circuit_heads, roles=dict(cfg.roles),
+                        edges=tuple(cfg.edges), distractors=parse_heads(",".join(cfg.decoys)) if cfg.decoys else HeadSet(),
+                        ablation="resample", metric="logit_diff", task=task_record(cfg.task, cfg.pair_examples, cfg.pair_seed),
+                        bounds=dict(bounds or {}), notes=notes)
+
+
+def top1_under(model: Any, batch: ProbeBatch, conditions: list[Ablation]) -> tuple[float, list[float]]:
+    """Mean top-1 on the clean prompts, clean and under each ablation (HeadLab's ablation engine)."""
+    clean, metrics = run_conditions(model, batch, conditions)
+    return clean.mean("top1"), [m.mean("top1") for m in metrics]
+
+
+def edge_paths(model: Any, pair: PatchPair, circuit: KnownCircuit) -> dict[str, float]:
+    """Path-patching score (denoising) of every circuit head into every later circuit head through each of
+    q, k and v on its own: {"L0H1->L1H2.k": score}; the planted edges are among them."""
+    out = {}
+    for sender in circuit.heads:
+        for receiver in circuit.heads:
+            if sender[0] >= receiver[0]:
+                continue
+            for component in ("q", "k", "v"):
+                result = path_patching(model, pair, HeadSet((sender,)), HeadSet((receiver,)), (component,),
+                                       PatchSettings(direction="denoise", n_controls=3))
+                out[f"{head_name(sender)}->{head_name(receiver)}.{component}"] = round(result.score, 6)
+    return out
+
+
+def confirm_planted(cfg: PlantedConfig, folder: Path) -> dict:
+    """Confirm a trained planted model in `folder` (final checkpoint): every head patched alone both ways,
+    the circuit and everything else resample-ablated, the metric's bounds; the record confirmation.json holds."""
+    started = time.perf_counter()
+    model = load_model(ModelRef(str(folder), "local"))
+    circuit = _circuit(cfg)
+    pair = known_task(circuit.task).build_pair()
+    denoise = activation_patching(model, pair, PatchSettings(direction="denoise"))
+    noise = activation_patching(model, pair, PatchSettings(direction="noise"))
+    everyone = HeadSet(tuple((l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads)))
+    others = HeadSet(tuple(h for h in everyone if h not in circuit.heads))
+    conditions = [Ablation(circuit.heads, mode="resample", label="true"), Ablation(others, mode="resample", label="others")]
+    clean_top1, (true_top1, others_top1) = top1_under(model, pair.clean, conditions)
+    top1 = {"clean": clean_top1, "true_ablated": true_top1, "others_ablated": others_top1}
+    paths = edge_paths(model, pair, circuit)
+    planted_edges = {text: paths[text] for text in circuit.edge_texts}
+    verdict = confirmation_rule(denoise.scores, noise.scores, circuit.heads, top1, planted_edges)
+    # the logit differences (clean, corrupted, circuit / every other head / each circuit head ablated); the
+    # hand-wired models' limits (true_ablated_max, others_change_max) are their claims, RULE is this one's
+    bounds = {k: v for k, v in measure_bounds(model, circuit, cfg.n_layers, cfg.n_heads).items()
+              if k not in ("true_ablated_max", "others_change_max")}
+    bounds.update({f"top1_{k}": round(v, 6) for k, v in top1.items()})
+    bounds.update({"min_true_effect": round(verdict["min_true_effect"], 6),
+                   "max_other_abs_effect": round(verdict["max_other_abs_effect"], 6)})
+    return {
+        "name": cfg.name, "task": cfg.task, "family": cfg.family, "seed": cfg.seed,
+        "circuit": [head_name(h) for h in circuit.heads], "distractors": [head_name(h) for h in circuit.distractors],
+        "rule": dict(RULE), "rule_text": RULE_TEXT, **verdict, "top1": top1, "bounds": bounds,
+        "edges": list(circuit.edge_texts), "path_patching": paths,
+        "patching": {"metric": denoise.metric, "pairs": dict(pair.spec), "n_examples": pair.n_examples,
+                     "denoise": {"scores": denoise.scores.tolist(), "clean_value": denoise.clean_value,
+                                 "corrupted_value": denoise.corrupted_value, "identity_max_diff": denoise.identity_max_diff},
+                     "noise": {"scores": noise.scores.tolist(), "clean_value": noise.clean_value,
+                               "corrupted_value": noise.corrupted_value, "identity_max_diff": noise.identity_max_diff}},
+        "confirm_seconds": round(time.perf_counter() - started, 2),
+    }
+
+
+# ----------------------------------------------------------------------------------- building
+
+
+def _progress(progress: bool | Callable[[int, int], None] | None, name: str, total: int):
+    """(callback(step, total, loss) for train_planted, close()) from the builder's progress argument."""
+    if progress is True:
+        bar = ProgressBar(total=total, desc=name, unit="step", leave=True)
+        return (lambda step, _total, loss: bar.update(1)), bar.close
+    if callable(progress):
+        return (lambda step, total_, loss: progress(step, total_)), (lambda: None)
+    return None, (lambda: None)
+
+
+def planted_status(folder: Path) -> dict | None:
+    """The confirmation record of a built planted model folder, or None when it is not built."""
+    path = Path(folder) / CONFIRMATION
+    manifest = read_manifest(Path(folder), missing_ok=True)
+    if not (manifest and manifest.get("complete") and path.is_file()):
+        return None
+    return json.loads(path.read_text())
+
+
+def build_planted(name: str, out_dir: Path | None = None, progress: bool | Callable[[int, int], None] | None = None,
+                  cfg: PlantedConfig | None = None) -> Path:
+    """Train, confirm and write planted model `name` into `out_dir` (default zoo_dir()/<name>); returns the folder.
+
+    One unit of work inside atomic_directory: the folder appears with manifest.json, checkpoints/,
+    confirmation.json and (only when the rule holds) circuit.json beside the manifest and in every
+    checkpoint folder, or not at all. A folder already complete with the same config is kept as it is
+    (skipped); one with another config is refused. cfg: a variant of the registered recipe (tests).
+    """
+    if cfg is None:
+        if name not in PLANTED_CONFIGS:
+            raise HeadLabError(f"unknown planted model {name!r}; use one of {', '.join(PLANTED_CONFIGS)}.")
+        cfg = PLANTED_CONFIGS[name]
+    final = Path(out_dir) if out_dir is not None else zoo_model_dir(name)
+    status = planted_status(final)
+    if status is not None:
+        stored = (read_manifest(final)["config"].get("train") or {}).get("planted")
+        if stored != cfg.to_json():
+            raise HeadLabError(f"{final} holds a planted model with another config; delete that folder to retrain it.")
+        return final
+    callback, close = _progress(progress, name, cfg.steps)
+    try:
+        with atomic_directory(final) as tmp:
+            train_planted(cfg, tmp, progress=callback)
+            record = confirm_planted(cfg, tmp)
+            manifest = read_manifest(tmp)
+            record["train_seconds"] = manifest["train_seconds"]
+            record["steps"] = cfg.steps
+            atomic_write_json(tmp / CONFIRMATION, record)
+            if record["confirmed"]:
+                circuit = _circuit(cfg, record["bounds"])
+                for checkpoint in manifest["checkpoints"]:
+                    write_circuit(tmp / "checkpoints" / checkpoint["revision"], circuit)
+                write_circuit(tmp, circuit)
+    finally:
+        close()
+    return final
+
+
+def _builder(name: str) -> Callable[..., Path]:
+    def build(out_dir: Path | None = None, progress: bool | Callable[[int, int], None] | None = None) -> Path:
+        return build_planted(name, out_dir, progress)
+
+    build.__name__ = build.__qualname__ = f"build_{name.replace('-', '_')}"
+    build.__doc__ = f"Train and confirm the planted model {name} (see core.zoo.known.planted.build_planted)."
+    return build
+
+
+PLANTED: dict[str, Callable[..., Path]] = {name: _builder(name) for name in PLANTED_CONFIGS}
