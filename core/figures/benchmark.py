@@ -23,6 +23,8 @@ from core.results import provenance
 from core.stats.recovery import MEASURE_LABELS
 
 METHOD_COLORS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#F0E442", "#000000")
+# curves that coincide (two perfect rankings) stay visible: wider first, dashed by turns
+METHOD_DASHES = ("solid", "dash", "dot", "dashdot")
 
 
 def cell_text(row: dict) -> str:
@@ -105,6 +107,8 @@ def roc_figure(report: dict, models: Sequence[str] | None = None) -> FigureBundl
     fig = make_subplots(rows=n_rows, cols=cols, subplot_titles=[r["case"]["name"] for r in results],
                         horizontal_spacing=0.08, vertical_spacing=0.12)
     colors = {m["name"]: METHOD_COLORS[i % len(METHOD_COLORS)] for i, m in enumerate(report["methods"])}
+    styles = {m["name"]: dict(dash=METHOD_DASHES[i % len(METHOD_DASHES)], width=max(1.5, 5 - 0.5 * i))
+              for i, m in enumerate(report["methods"])}
     data, shown = [], set()
     for index, result in enumerate(results):
         row, col = index // cols + 1, index % cols + 1
@@ -115,7 +119,7 @@ def roc_figure(report: dict, models: Sequence[str] | None = None) -> FigureBundl
             fpr, tpr = roc_points(entry["scores"], truth)
             auc = entry["recovery"]["roc_auc"]["value"]
             name = entry["method"]
-            fig.add_trace(go.Scatter(x=fpr, y=tpr, mode="lines", line=dict(color=colors.get(name), shape="linear"),
+            fig.add_trace(go.Scatter(x=fpr, y=tpr, mode="lines", line=dict(color=colors.get(name), **styles.get(name, {})),
                                      name=name, legendgroup=name, showlegend=name not in shown,
                                      hovertemplate=f"{name}<br>AUC {auc:.3f}<br>FPR %{{x:.2f}}, TPR %{{y:.2f}}<extra></extra>"),
                           row=row, col=col)
@@ -126,9 +130,10 @@ def roc_figure(report: dict, models: Sequence[str] | None = None) -> FigureBundl
                                  showlegend=False, hoverinfo="skip"), row=row, col=col)
         fig.update_xaxes(range=[0, 1], title_text="false positive rate" if row == n_rows else None, row=row, col=col)
         fig.update_yaxes(range=[0, 1.02], title_text="true positive rate" if col == 1 else None, row=row, col=col)
-    fig.update_layout(template=SCREEN, height=330 * n_rows + 80, title="ROC curves over heads, per known model")
+    fig.update_layout(template=SCREEN, height=330 * n_rows + 110, margin=dict(t=110),
+                      title="ROC curves over heads, per known model")
     caption = ("each method's ROC curve over the heads of one known model (tied scores form one step, so a "
                "constant score is the diagonal); dashed: chance.")
     prov = provenance(figure="benchmark_roc", models=[r["case"]["name"] for r in results],
                       benchmark_version=report.get("version"), quick=report.get("quick"))
-    return FigureBundle("benchmark-roc", fig, tuple(data), prov, caption, paper_size=(300 * cols + 120, 260 * n_rows + 80))
+    return FigureBundle("benchmark-roc", fig, tuple(data), prov, caption, paper_size=(300 * cols + 160, 300 * n_rows + 140))
