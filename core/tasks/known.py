@@ -44,9 +44,13 @@ def _check_ints(spec: Any, names: tuple[str, ...]) -> None:
 
 
 def _pair_starts(rng: np.random.RandomState, n_pairs: int, last: int) -> np.ndarray:
-    """`n_pairs` starts of non-overlapping two-token slots in [0, last): [n_pairs] in draw order."""
-    slots = rng.permutation(last // 2)[:n_pairs]
-    return 2 * slots
+    """`n_pairs` starts of non-overlapping two-token slots in [1, last): [n_pairs] in draw order.
+
+    Never position 0: there a previous-token head can only attend to the token itself, so a pair
+    planted there would give its first token a spurious "previous token" match.
+    """
+    slots = rng.permutation((last - 1) // 2)[:n_pairs]
+    return 1 + 2 * slots
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,7 @@ class _PlantedSpec(JsonResult):
         check_seed(self.seed, f"{self.task} task seed")
         if self.n_examples < 1:
             raise HeadLabError(f"{self.task} task n_examples must be at least 1.")
-        need_len = max(MIN_QUERY_POS + 1, 2 * self.n_pairs + 2)
+        need_len = max(MIN_QUERY_POS + 1, 2 * self.n_pairs + 2)  # q - 1 >= 2 * n_pairs slots after position 0
         if self.seq_len < need_len:
             raise HeadLabError(f"{self.task} task seq_len is {self.seq_len}; it plants {self.n_pairs} pairs before the "
                                f"query, so use at least {need_len}.")
