@@ -149,17 +149,17 @@ class EdgeControls(JsonResult):
 
 
 def edge_set_verdict(stats: dict, controls_differ: bool, n_examples: int) -> Verdict:
-    """"beyond its controls" when the set's faithfulness ranks first with p < RANK_P_ALPHA (19 or more random
+    """"beyond its controls" when the set's faithfulness ranks first with p <= RANK_P_ALPHA (19 or more random
     sets), "not beyond its controls" otherwise; "inconclusive" when the random sets cannot differ from the
     set (every stratum full) or the pairs are fewer than MIN_VERDICT_EXAMPLES."""
-    rule = f"rank 1 and empirical p < {RANK_P_ALPHA} against matched-random edge sets"
+    rule = f"rank 1 and empirical p <= {RANK_P_ALPHA} against 19 or more matched-random edge sets"
     if not controls_differ:
         verdict = Verdict("inconclusive", rule, ("every random edge set equals the set itself (each stratum it uses is "
                                                  "full); no control can differ, so nothing is tested.",))
     elif stats["n_controls"] + 1 < round(1 / RANK_P_ALPHA):
-        verdict = Verdict("inconclusive", rule, (f"{stats['n_controls']} random edge sets cannot reach p < {RANK_P_ALPHA}: "
+        verdict = Verdict("inconclusive", rule, (f"{stats['n_controls']} random edge sets cannot reach p <= {RANK_P_ALPHA}: "
                                                  f"the smallest p is 1/{stats['n_controls'] + 1}; use at least 19.",))
-    elif stats["rank"] == 1 and stats["p"] < RANK_P_ALPHA:
+    elif stats["rank"] == 1 and stats["p"] <= RANK_P_ALPHA:
         verdict = Verdict("beyond its controls", rule, (f"rank 1 of {stats['n_controls'] + 1}, p = {stats['p']:.3g}",))
     else:
         verdict = Verdict("not beyond its controls", rule,
