@@ -4,25 +4,28 @@ SIIT-style planting (InterpBench, Gupta et al. 2024), reduced to its strict part
 *not* in the chosen circuit is resample-ablated during training. A forward pre-hook on each layer's
 attention output projection (GPT-NeoX `attention.dense`, Llama `self_attn.o_proj`; its input is
 [batch, pos, n_heads * d_head], head-major) replaces the non-circuit heads' slices by those of the
-next example of the batch (rows rolled by one). A non-circuit head then cannot carry any
+previous example of the batch (rows rolled by one). A non-circuit head then cannot carry any
 example-specific information to the loss, so whatever moves information between positions for the
 task must be a circuit head. The tasks are chosen so that the circuit needs each chosen head:
 
-- "induction" (GPT-NeoX): repeated random chunks; a previous-token head L0H1 writes the previous
+- "induction" (GPT-NeoX): repeated random chunks and twice-planted bigrams; a previous-token head L0H1 writes the previous
   token into every position, and an induction head L1H2 finds the position after the query's
   earlier copy through K-composition (a second-layer head is forced: one layer cannot do it);
-- "duplicate" (GPT-NeoX): pairs (x, label), label YES when x occurred earlier in the row; one
-  duplicate-token head L1H1 attends from x to its earlier copy;
+- "duplicate" (GPT-NeoX): BOS, then pairs (x, label), label YES when x occurred earlier in the row;
+  one duplicate-token head L1H1 attends from x to its earlier copy (to BOS when there is none);
 - "two-back" (Llama): quadruples (a, b, M, a); at the marker M the answer is the token two back,
   copied by one head L0H2.
 
+The circuit heads get an attention-pattern guide (a small loss on their attention to the pattern's
+keys) so that the circuit forms within ~30 s; that they are *used* is forced by the resampling alone.
 Each model also has a *decoy*: a non-circuit head trained (an attention-pattern loss) to attend like
 a circuit head (a previous-token, duplicate-token or two-back pattern) while its output stays
 resample-ablated, so it looks busy and is causally irrelevant: a true negative for every proposer.
 
 Nothing is taken on trust: after training, every head is patched alone (activation patching on the
-task's clean/corrupted pairs, denoising and noising) and the circuit, then every other head, is
-resample-ablated on the task's probe. The ground truth is written to `circuit.json` only when the
+task's clean/corrupted pairs, denoising and noising), the circuit, then every other head, is
+resample-ablated on the task's probe, and each circuit head is path-patched into each later one
+through q, k and v. The ground truth is written to `circuit.json` only when the
 confirmation rule (`confirmation_rule`) holds; `confirmation.json` beside it records the numbers
 either way, so a seed that fails is reported, not hidden.
 
