@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from core.cli import attribution, bench, benchmark, coactivation, edges, export, models, patch, probe, proposers, recipe, replicate, zoo
+from core.cli import attribution, bench, benchmark, coactivation, edges, export, known, models, patch, probe, proposers, recipe, replicate, zoo
 from core.errors import HeadLabError
 from core.threads import apply_thread_policy
 from core.workspace import atomic_write_json, check_output_file
@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[ModuleType, str, str]] = {
     "coactivation": (coactivation, "coactivation", "Ising co-activation communities and their closure test [CVC]"),
     "replicate": (replicate, "replicate", "the papers' claims on the zoo: a report with verdicts and figures"),
     "patch": (patch, "patch", "activation, attribution and path patching on clean/corrupted pairs"),
+    "known": (known, "known", "models whose circuit is known (hand-wired, planted): list, --build"),
     "benchmark": (benchmark, "benchmark", "every proposer, patching and edge method scored against the known circuits"),
     "edges": (edges, "edges", "edge-level discovery (EAP, EAP-IG, ACDC) with faithfulness curves and random edge sets"),
 }

@@ -153,3 +153,18 @@ def test_bad_circuit_files(built, tmp_path):
     (copy / CIRCUIT_FILE).unlink()
     with pytest.raises(HeadLabError, match="has no circuit.json, so this model has no known circuit"):
         known_circuit(str(copy))
+
+
+def test_known_command_lists_and_refuses(built, tmp_path, capsys):
+    from core.__main__ import main
+
+    out = tmp_path / "known.json"
+    assert main(["known", "--json", str(out)]) == 0
+    rows = {row["name"]: row for row in json.loads(out.read_text())["models"]}
+    for name in NAMES:
+        assert rows[name]["built"] and rows[name]["kind"] == "handwired"
+        assert rows[name]["heads"] == [f"L{l}H{h}" for l, h in built[name][1].heads]
+        assert rows[name]["bounds"] == built[name][1].bounds
+    assert "known-induction-neox" in capsys.readouterr().out
+    assert main(["known", "--build", "no-such-model"]) == 2
+    assert "unknown known model(s) no-such-model" in capsys.readouterr().err

@@ -4,6 +4,7 @@ and the known tasks' pairs (core/tasks/known.py): every planted token unique, th
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -211,3 +212,18 @@ def test_task_checks():
         TwoHopSpec(n_examples=4, seq_len=9, token_low=0, token_high=16)
     with pytest.raises(HeadLabError, match="cannot read"):
         SwapInductionSpec(n_examples=4, seq_len=16, token_low=0, token_high=30).check_vocab(24)
+
+
+def test_docs_models_section_cites_only_committed_measurements():
+    """Every decimal figure in docs/known-circuits.md's "The models" section is in the committed `known --json`."""
+    from tests.unit.test_docs_numbers import _numbers, figures
+
+    repo = Path(__file__).resolve().parents[2]
+    text = (repo / "docs" / "known-circuits.md").read_text()
+    section = text.split("## The models", 1)[1].split("\n## ", 1)[0]
+    numbers = _numbers(json.loads((repo / "docs" / "measurements" / "known-handwired.json").read_text()))
+    shown = figures(section)
+    assert len(shown) >= 10
+    for figure in shown:
+        decimals = len(figure.split(".")[1])
+        assert any(round(abs(x), decimals) == float(figure) for x in numbers), f"{figure} is in no committed measurement"

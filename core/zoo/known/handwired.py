@@ -440,7 +440,7 @@ def measure_bounds(model, circuit: KnownCircuit, n_layers: int, n_heads: int) ->
     # every other head ablated moves it by under 1e-3 of itself
     bounds["true_ablated_max"] = 0.1 * clean
     bounds["others_change_max"] = 1e-3 * abs(clean)
-    return {k: round(v, 6) for k, v in bounds.items()}
+    return {k: round(v, 6) + 0.0 for k, v in bounds.items()}  # + 0.0: no "-0.0" in the record
 
 
 # ----------------------------------------------------------------------------------- building

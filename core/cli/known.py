@@ -1,0 +1,59 @@
+"""`python -m core known`: the models whose circuit is known (hand-wired and planted), built or not;
+`--build [NAME ...]` builds them (every hand-wired one when no name is given; a planted one only by name)."""
+
+from __future__ import annotations
+
+import argparse
+
+from core.errors import HeadLabError
+from core.heads import head_name
+from core.model.refs import MANIFEST, zoo_model_dir
+from core.workspace import zoo_dir
+from core.zoo.known import CIRCUIT_FILE, HANDWIRED, KNOWN_MODELS, known_kind, read_circuit
+
+
+def add_known_arguments(parser: argparse.ArgumentParser) -> None:
+    """`python -m core known [--build [NAME ...]]`."""
+    parser.add_argument("--build", nargs="*", default=None, metavar="NAME",
+                        help="build these known models into the zoo (no name: every hand-wired one, in well under a "
+                             "minute; a planted one trains, so it is built only when named)")
+
+
+def _row(name: str) -> dict:
+    """One known model as the listing shows it: registry kind, whether built, and its circuit when it is."""
+    folder = zoo_model_dir(name)
+    row = {"name": name, "kind": known_kind(name), "built": (folder / MANIFEST).is_file() and (folder / CIRCUIT_FILE).is_file(),
+           "folder": str(folder)}
+    if row["built"]:
+        circuit = read_circuit(folder)
+        row.update(heads=[head_name(h) for h in circuit.heads], roles=dict(circuit.roles),
+                   edges=list(circuit.edge_texts), distractors=[head_name(h) for h in circuit.distractors],
+                   ablation=circuit.ablation, metric=circuit.metric, task=dict(circuit.task), bounds=dict(circuit.bounds))
+    return row
+
+
+def cli_known(args: argparse.Namespace) -> dict:
+    """Build what was asked, then list every known model (name, kind, heads, built or not)."""
+    built = []
+    if args.build is not None:
+        names = list(args.build) or list(HANDWIRED)
+        unknown = [n for n in names if n not in KNOWN_MODELS]
+        if unknown:
+            raise HeadLabError(f"unknown known model(s) {', '.join(unknown)}; choose from {', '.join(KNOWN_MODELS)}.")
+        for name in names:
+            print(f"building {name} ...", flush=True)
+            KNOWN_MODELS[name](progress=known_kind(name) != "handwired")
+            built.append(name)
+    rows = [_row(name) for name in KNOWN_MODELS]
+    for row in rows:
+        heads = ",".join(row.get("heads", [])) or "-"
+        state = "built" if row["built"] else "not built"
+        extra = ""
+        if row["built"] and "clean" in row["bounds"]:
+            b = row["bounds"]
+            extra = (f"  logit diff {b['clean']:.2f} clean, {b.get('true_ablated', float('nan')):.3f} circuit ablated, "
+                     f"{b.get('others_ablated', float('nan')):.2f} others ablated ({row['ablation']})")
+        print(f"{row['name']:28s} {row['kind']:9s} {state:9s} {heads:24s}{extra}")
+    if not any(r["built"] for r in rows):
+        print("no known model is built yet; build the hand-wired ones with python -m core known --build")
+    return {"zoo": str(zoo_dir()), "built_now": built, "models": rows}
