@@ -25,7 +25,7 @@ from core.stats.recovery import MEASURE_LABELS, MEASURES
 from core.workspace import atomic_write_bytes, atomic_write_json, check_output_folder
 
 REPORT_JSON, REPORT_MD = "report.json", "report.md"
-FIGURE_FORMATS = ("png", "svg")
+FIGURE_FORMATS = ("png",)
 GOALS = {"activation patching": 0.99, "attribution patching": 0.95}  # head AUROC on every hand-wired model (issue 34)
 VERDICT_GOAL = 0.95
 
@@ -92,6 +92,11 @@ def cli_benchmark(args: argparse.Namespace) -> dict:
 
 # ---------------------------------------------------------------------------------------------
 # the report's text and files
+
+
+def _md(text: str) -> str:
+    """Text for a Markdown table cell: its pipes escaped, so |J_ij| stays one cell."""
+    return str(text).replace("|", "\\|")
 
 
 def _fmt(value, digits: int = 3) -> str:
@@ -179,11 +184,11 @@ def report_markdown(report: dict, figures: dict[str, str] | None = None) -> str:
             "| method | score | " + " | ".join(tasks) + " |", "|---|---|" + "---|" * len(tasks)]
     rows = _rows(report, "head", "roc_auc")
     for method in report["methods"]:
-        out.append(f"| {method['name']} | {method['score']} | "
+        out.append(f"| {method['name']} | {_md(method['score'])} | "
                    + " | ".join(_cell(rows[(method['name'], t)]) for t in tasks) + " |")
     for measure in ("average_precision", "precision_at_k"):
         rows = _rows(report, "head", measure)
-        out += ["", f"{MEASURE_LABELS[measure]} (baseline: mean over permutations, in brackets after the task).", "",
+        out += ["", f"{MEASURE_LABELS[measure]} (in brackets after each value: the permutation baseline's mean).", "",
                 "| method | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
         for method in report["methods"]:
             cells = []
@@ -207,6 +212,10 @@ def report_markdown(report: dict, figures: dict[str, str] | None = None) -> str:
         out.append(f"| {result['case']['name']} | " + " | ".join(cells) + " |")
     if reasons:
         out += [""] + [f"- n/a, {method}: {'; '.join(sorted(why))}" for method, why in reasons.items()]
+    notes = sorted({f"{m['method']}: {note}" for r in report["results"] for m in r["methods"] + r["edge_methods"]
+                    for note in m.get("notes", [])})
+    if notes:
+        out += ["", "Notes of the methods:", ""] + [f"- {note}" for note in notes]
     out += ["", "## Edge recovery, beside published numbers", "",
             f"HeadLab's rows are edge ROC AUCs on the known models above; the published rows are "
             f"{report['published']['label']}: other models, other tasks, for scale.", "",
@@ -239,7 +248,7 @@ def report_markdown(report: dict, figures: dict[str, str] | None = None) -> str:
             right = {True: "yes", False: "no", None: "-"}[d["correct"]]
             controls = ("-" if logit.get("control_mean") is None else
                         f"{logit['control_mean']:.3g} ± {logit['control_std']:.3g}")
-            why = "" if d["verdict_paper"] == "pass" or not d["reasons"] else d["reasons"][0].replace("|", "/")
+            why = "" if d["verdict_paper"] == "pass" or not d["reasons"] else _md(d["reasons"][0])
             out.append(f"| {result['case']['name']} | {d['kind']}: {d['label']} | {', '.join(d['heads'])} | "
                        f"{d['n_controls']} {d['controls']} | {_fmt(logit.get('candidate_delta'), 3)} | {controls} | "
                        f"{_fmt(logit.get('z'), 2)} | {d['verdict_paper']} | {d['verdict_reference']} | {right} | {why} |")
@@ -262,6 +271,19 @@ def report_markdown(report: dict, figures: dict[str, str] | None = None) -> str:
     return "\n".join(out)
 
 
+def report_figures(report: dict) -> list:
+    """The report's figure bundles: the head score table, the edge one (when edges were scored), the ROC curves."""
+    bundles = [score_table_figure(report, "roc_auc"), roc_figure(report)]
+    if report.get("edge_methods"):
+        bundles.insert(1, score_table_figure(report, "roc_auc", level="edge"))
+    return bundles
+
+
+def figure_links(bundles) -> dict[str, str]:
+    """report.md's figure list: each bundle's caption (to its first ';') -> its PNG's file name."""
+    return {bundle.caption.split(";")[0]: f"{bundle.name}.{FIGURE_FORMATS[0]}" for bundle in bundles}
+
+
 def write_report(report: dict, folder: Path, figures: bool = True) -> list[Path]:
     """report.json, the figures (PNG and SVG, with their data as CSV/JSON) and report.md in `folder`."""
     folder = Path(folder)
@@ -272,13 +294,10 @@ def write_report(report: dict, folder: Path, figures: bool = True) -> list[Path]
     written.append(json_path)
     shown = {}
     if figures:
-        bundles = [score_table_figure(report, "roc_auc"), roc_figure(report)]
-        if report.get("edge_methods"):
-            bundles.insert(1, score_table_figure(report, "roc_auc", level="edge"))
+        bundles = report_figures(report)
         for bundle in bundles:
-            paths = export_bundle(bundle, folder, formats=FIGURE_FORMATS)
-            written += paths
-            shown[bundle.caption.split(";")[0]] = paths[0].name
+            written += export_bundle(bundle, folder, formats=FIGURE_FORMATS)
+        shown = figure_links(bundles)
     md_path = folder / REPORT_MD
     atomic_write_bytes(md_path, report_markdown(report, shown).encode())
     written.append(md_path)

@@ -121,9 +121,24 @@ def test_quick_on_the_handwired_models(tmp_path, monkeypatch):
     circuit and the disposer calls the true circuit causal."""
     out = tmp_path / "out"
     assert _run(tmp_path / "home", monkeypatch, "--quick", "--methods", "activation patching (denoise)",
-                "activation patching (noise)", "--no-figures", "--out", str(out)) == 0
+                "activation patching (noise)", "--controls", "3", "--random-groups", "1", "--no-figures",
+                "--out", str(out)) == 0
     report = json.loads((out / "report.json").read_text())
     assert {r["case"]["name"] for r in report["results"]} == set(HANDWIRED)
     for result in report["results"]:
         best = max(m["recovery"]["roc_auc"]["value"] for m in result["methods"])
         assert best >= 0.99, result["case"]["name"]
+
+
+REPORT = Path(__file__).resolve().parents[2] / "docs" / "benchmark"
+
+
+@pytest.mark.skipif(not (REPORT / "report.json").is_file(), reason="no committed benchmark report")
+def test_committed_report_md_is_generated_from_report_json():
+    """docs/benchmark/report.md is report_markdown(report.json): every number in it comes from the JSON."""
+    from core.cli.benchmark import figure_links, report_figures, report_markdown
+
+    report = json.loads((REPORT / "report.json").read_text())
+    links = figure_links(report_figures(report))
+    assert (REPORT / "report.md").read_text() == report_markdown(report, links)
+    assert all((REPORT / name).is_file() for name in links.values())
