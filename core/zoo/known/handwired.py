@@ -43,13 +43,13 @@ from core.tasks.known import SwapInductionSpec, TwoHopSpec, known_task
 from core.workspace import atomic_directory, atomic_write_json
 from core.zoo.config import ModelConfig
 from core.zoo.known.truth import KnownCircuit, write_circuit
-from core.zoo.train import build_hf_config, save_tokenizer
+from core.zoo.train import _revision, _save_checkpoint, build_hf_config
 
 NORM_EPS = 1e8
 NORM_WEIGHT = 1e4  # sqrt(NORM_EPS): the norm is x (- mean) times 1 / sqrt(1 + var / eps)
 N_TOKENS = 24  # content tokens 0..23
 SEQ_LEN = 64  # max_position_embeddings
-REVISION = "step0000000"
+REVISION = _revision(0)  # "step0000000", the zoo's name for a step-0 checkpoint
 SCORE = 12.0  # attention logit of a content match: weight 1 - 2e-4 on it over 32 keys, not so saturated that gradients vanish
 POS_MARGIN = 24.0  # least attention-logit gap between a positional head's peak and any other key
 JUNK_GAIN = 4.0  # distractors write 4x the circuit's unit: busy, large, unread
@@ -473,9 +473,7 @@ def build_handwired(name: str, out_dir: Path | None = None, progress: bool | Cal
     callback = progress if callable(progress) else None
     with atomic_directory(final) as tmp:
         checkpoint = tmp / "checkpoints" / REVISION
-        model = design.wiring.apply()
-        model.save_pretrained(str(checkpoint))
-        save_tokenizer(checkpoint, design.wiring.cfg.vocab_size)
+        _save_checkpoint(design.wiring.apply(), design.wiring.cfg, tmp, 0)  # the zoo's checkpoint writer: weights, tokenizer
         atomic_write_json(tmp / MANIFEST, _manifest(design))
         if callback is not None:
             callback(1, 2)
