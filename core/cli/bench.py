@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 
 from core.bench.ablation import bench_ablation
+from core.bench.edges import bench_edges
 from core.bench.ising import bench_ising
 from core.bench.live import bench_live
 from core.bench.load import bench_load
@@ -198,6 +199,34 @@ def cli_bench_patch(args: argparse.Namespace) -> dict:
     return result
 
 
+# ---------------------------------------------------------------- bench edges
+
+
+def add_bench_edges_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="induction-neox", help="zoo model (default induction-neox)")
+    parser.add_argument("--revision", default=None, help="checkpoint (default: the final one)")
+    parser.add_argument("--n-examples", type=int, default=32, help="pairs N (default 32)")
+    parser.add_argument("--seq-len", type=int, default=32, help="sequence length T (default 32)")
+    parser.add_argument("--ig-steps", type=int, default=5, help="EAP-IG interpolation steps (default 5)")
+    parser.add_argument("--shape", choices=sorted(PYTHIA_SHAPES), default="pythia-160m",
+                        help="published architecture for the memory run, random weights (default pythia-160m)")
+    parser.add_argument("--no-shape", action="store_true", help="skip the run at the published shape")
+    add_device_arguments(parser)
+
+
+def cli_bench_edges(args: argparse.Namespace) -> dict:
+    r = bench_edges(args.model, args.revision, args.n_examples, args.seq_len, args.ig_steps,
+                    None if args.no_shape else args.shape, device=args.device, dtype=args.dtype)
+    print(f"edges bench ({r['model']} {r['revision']}, N={r['n_examples']}, T={r['seq_len']}, {r['edges']} edges): "
+          f"brute force {r['brute_force_s']:.2f}s, EAP {r['eap_s']:.3f}s: {r['speedup_eap_vs_brute_force']:.1f}x "
+          f"(target >= 50x), Spearman {r['spearman_eap_vs_brute_force']:.3f}; EAP-IG ({r['ig_steps']} steps) "
+          f"{r['eap_ig_s']:.3f}s: {r['eap_ig_over_eap']:.2f}x EAP (target <= 6x), Spearman {r['spearman_eap_ig_vs_brute_force']:.3f}")
+    if "shape" in r:
+        print(f"  EAP at {r['shape']} ({r['shape_edges']} edges), {r['shape_n_examples']} x {r['shape_seq_len']} tokens: "
+              f"{r['shape_eap_s']:.1f}s, peak memory {r['peak_memory_gib']:.2f} GiB (limit 24 GiB)")
+    return r
+
+
 # ---------------------------------------------------------------- bench probe
 
 
@@ -324,6 +353,8 @@ BENCHES: dict[str, tuple[Callable, Callable, str]] = {
     "sweep": (add_bench_sweep_arguments, cli_bench_sweep,
               "probe over every checkpoint of two zoo models: serial vs Ray, one and two nodes"),
     "patch": (add_bench_patch_arguments, cli_bench_patch, "attribution vs activation patching over every head of a zoo model"),
+    "edges": (add_bench_edges_arguments, cli_bench_edges,
+              "EAP vs brute-force edge patching, EAP-IG vs EAP, EAP's memory at Pythia-160m's shape"),
     "live": (add_bench_live_arguments, cli_bench_live,
              "the ablation lab's click: recording its own clean run vs from the kept one"),
     "screen": (add_bench_screen_arguments, cli_bench_screen,

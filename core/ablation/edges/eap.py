@@ -97,10 +97,12 @@ def _gradient_pass(model: Any, graph: EdgeGraph, chunk: EdgeChunk, metric: str, 
         names = list(hooks.leaves)
         grads = torch.autograd.grad(values.sum(), [hooks.leaves[n] for n in names], allow_unused=True)
     grad_of = {n: g for n, g in zip(names, grads) if g is not None}
-    diff = (chunk.source_acts - chunk.clean_acts).double()  # [sender, row, pos, d_model]
+    # float32 products (float64 would double the memory of both factors at Pythia's shape); sums across
+    # chunks and interpolation steps are float64
+    diff = (chunk.source_acts - chunk.clean_acts).float()  # [sender, row, pos, d_model]
     out = np.zeros(graph.mask.shape)
     for receivers, grad in hooks.leaf_grads(grad_of):  # grad: [row, pos, receiver, d_model]
-        out[:, receivers] = torch.einsum("sbpm,bprm->sr", diff, grad.double()).cpu().numpy()
+        out[:, receivers] = torch.einsum("sbpm,bprm->sr", diff, grad.float()).double().cpu().numpy()
     return out * graph.mask, float(values.detach().double().sum())
 
 
