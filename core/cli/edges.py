@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import argparse
 
-from core.ablation.edges import EDGE_METRICS, METHODS, REPLACEMENTS, EdgeSettings
+from core.ablation.edges import EDGE_METRICS, METHODS, REPLACEMENTS, EdgeSettings, edge_graph_of_config
 from core.cli.patch import gap_line
 from core.cli.probe import add_probe_file_arguments, add_probe_spec_arguments, probe_spec_from_args
 from core.errors import HeadLabError
 from core.executor import ProgressBar
-from core.model.refs import ModelRef
+from core.model.loading import load_config
+from core.model.refs import ModelRef, resolve_checkpoint
 from core.pipelines.edges import EdgePlan, EdgeReport, edges_model
 from core.stats.inference import format_rank_z
 from core.tasks.counterfactual import InductionCounterfactualSpec
@@ -34,6 +35,8 @@ def add_edges_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--controls", type=int, default=20, help="matched-random edge sets (default 20; 0: none)")
     parser.add_argument("--control-seed", type=int, default=123)
     parser.add_argument("--no-curve", action="store_true", help="skip the faithfulness curve")
+    parser.add_argument("--graph-only", action="store_true",
+                        help="print the model's edge graph (nodes, senders, receiver inputs, edges) from its config and stop")
     parser.add_argument("--corrupt-seed", type=int, default=0, help="seed of the corrupted earlier A (default 0)")
     parser.add_argument("--batch-size", type=int, default=None, help="pairs per forward (default: as many as fit)")
     parser.add_argument("--allow-small-gap", action="store_true",
@@ -43,6 +46,15 @@ def add_edges_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def cli_edges(args: argparse.Namespace) -> dict:
+    if args.graph_only:
+        ref = ModelRef.parse(args.model)
+        revision = resolve_checkpoint(ref, args.revision).revision
+        summary = {"model": ref.name, "revision": revision, **edge_graph_of_config(load_config(ref, revision)).summary()}
+        into = ", ".join(f"{count} into {name}" for name, count in summary["edges_into"].items())
+        print(f"{ref.name} {revision}: {summary['n_layers']} layers x {summary['n_heads']} heads"
+              f"{' (parallel attention and MLP)' if summary['parallel_attn_mlp'] else ''}: {summary['nodes']} nodes, "
+              f"{summary['senders']} senders, {summary['receivers']} receiver inputs, {summary['edges']} edges ({into})")
+        return summary
     if args.probe_file is None and args.task != "induction":
         raise HeadLabError("edges has a built-in counterfactual for the induction probe only; use --task induction "
                            "or give your own clean/corrupted pairs with --probe-file.")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-CHECKED = [REPO / "README.md", REPO / "docs" / "performance.md", REPO / "docs" / "patching.md"]
+CHECKED = [REPO / "README.md", REPO / "docs" / "performance.md", REPO / "docs" / "patching.md", REPO / "docs" / "edges.md"]
 SOURCES = [*sorted((REPO / "docs" / "measurements").glob("*.json")), *sorted((REPO / "docs" / "replication").glob("*/report.json"))]
 
 CODE = re.compile(r"```.*?```|`[^`\n]*`", re.DOTALL)
