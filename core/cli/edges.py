@@ -15,7 +15,9 @@ from core.model.refs import ModelRef, resolve_checkpoint
 from core.pipelines.edges import EdgePlan, EdgeReport, edges_model
 from core.stats.inference import format_rank_z
 from core.tasks.counterfactual import InductionCounterfactualSpec
+from core.tasks.known import known_task
 from core.tasks.probe_file import read_probe_file
+from core.zoo.known import known_circuit
 
 
 def add_edges_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +37,9 @@ def add_edges_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--controls", type=int, default=20, help="matched-random edge sets (default 20; 0: none)")
     parser.add_argument("--control-seed", type=int, default=123)
     parser.add_argument("--no-curve", action="store_true", help="skip the faithfulness curve")
+    parser.add_argument("--known-task", action="store_true",
+                        help="use the clean/corrupted pairs of the model's own circuit.json (a model with a known circuit; "
+                             "python -m core known lists them)")
     parser.add_argument("--graph-only", action="store_true",
                         help="print the model's edge graph (nodes, senders, receiver inputs, edges) from its config and stop")
     parser.add_argument("--corrupt-seed", type=int, default=0, help="seed of the corrupted earlier A (default 0)")
@@ -55,14 +60,18 @@ def cli_edges(args: argparse.Namespace) -> dict:
               f"{' (parallel attention and MLP)' if summary['parallel_attn_mlp'] else ''}: {summary['nodes']} nodes, "
               f"{summary['senders']} senders, {summary['receivers']} receiver inputs, {summary['edges']} edges ({into})")
         return summary
-    if args.probe_file is None and args.task != "induction":
+    if args.known_task and args.probe_file is not None:
+        raise HeadLabError("--known-task and --probe-file both name the pairs; give one of them.")
+    if args.probe_file is None and args.task != "induction" and not args.known_task:
         raise HeadLabError("edges has a built-in counterfactual for the induction probe only; use --task induction "
                            "or give your own clean/corrupted pairs with --probe-file.")
     settings = EdgeSettings(metric=args.metric, replacement=args.replacement, batch_size=args.batch_size,
                             allow_small_gap=args.allow_small_gap)
     plan = EdgePlan(method=args.method, ig_steps=args.ig_steps, threshold=args.threshold, top=args.top,
                     curve=not args.no_curve, n_controls=args.controls, control_seed=args.control_seed)
-    if args.probe_file is not None:
+    if args.known_task:
+        pairs = known_task(known_circuit(args.model, args.revision).task)
+    elif args.probe_file is not None:
         pairs = read_probe_file(args.probe_file, padding=args.padding)
     else:
         pairs = InductionCounterfactualSpec(probe_spec_from_args(args), seed=args.corrupt_seed)
@@ -97,7 +106,9 @@ def report_lines(report: EdgeReport, top: int = 20) -> list[str]:
         lines.append(gap_line(s.gap))
     if s.kept is not None:
         lines.append(f"ACDC at threshold {s.threshold}: {int(s.kept.sum())} of {len(s.edges)} edges kept")
-    lines.append("top edges (fraction of the gap lost when patched alone): "
+    measure = ("distance increase when ACDC tested its removal" if s.method == "acdc"
+               else "fraction of the gap lost when patched alone")
+    lines.append(f"top edges ({measure}): "
                  + ", ".join(f"{edge} {value:.3f}" for edge, value in s.top(min(top, len(s.edges)))))
     if report.curve is not None:
         c = report.curve

@@ -142,7 +142,7 @@ def edges_model(ref: ModelRef, revision: Optional[str], pairs: InductionCounterf
     """Load one checkpoint (default: the last), build the pairs, run `run_edges`; the report names the checkpoint."""
     checkpoint = resolve_checkpoint(ref, revision)
     check_has_pairs(pairs)
-    if not isinstance(pairs, ProbeFile):
+    if isinstance(pairs, InductionCounterfactualSpec):
         check_probe_fits(pairs, load_config(ref, checkpoint.revision))
     model = load_model(ref, checkpoint.revision, device=device, dtype=dtype)
     return edges_loaded(model, ref.name, checkpoint, pairs, settings, plan, progress)

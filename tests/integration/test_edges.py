@@ -36,7 +36,7 @@ def tiny(request, tmp_path_factory):
 def induction_circuit(tmp_path_factory):
     folder = HANDWIRED["known-induction-neox"](tmp_path_factory.mktemp("known") / "known-induction-neox")
     circuit = read_circuit(folder)
-    return load_model(ModelRef.parse(str(folder))), circuit.build_pair().select(slice(0, 16)), circuit
+    return load_model(ModelRef.parse(str(folder))), circuit.build_pair().select(slice(0, 16)), circuit, folder
 
 
 def test_no_edge_patched_is_the_clean_run_and_every_edge_the_corrupted_run(tiny):
@@ -74,7 +74,7 @@ def test_eap_ig_with_one_step_is_eap_and_more_steps_change_it(tiny):
 
 
 def test_acdc_keeps_exactly_what_brute_force_keeps_on_a_hand_wired_circuit(induction_circuit):
-    model, pair, circuit = induction_circuit
+    model, pair, circuit, _ = induction_circuit
     each = edge_patching_each(model, pair)
     pruned = acdc(model, pair, 0.05)
     assert np.array_equal(pruned.kept, kept_by_each(each, 0.05))
@@ -88,7 +88,7 @@ def test_eap_ig_finds_the_saturated_key_edge_that_eap_misses_and_the_curve_and_c
     """The hand-wired induction head's softmax is saturated, so its gradient w.r.t. the key (K-composition with
     the previous-token head) is ~0 at the clean run: EAP scores that edge ~0 although patching it undoes the
     answer. EAP-IG takes its gradients between the runs, where the softmax is not saturated."""
-    model, pair, circuit = induction_circuit
+    model, pair, circuit, _ = induction_circuit
     exercised = {"embed->L0H1.v", "L0H1->L1H2.k", "L1H2->logits"}  # the true edges the counterfactual changes
     each = edge_patching_each(model, pair)
     eap = edge_attribution(model, pair)
@@ -140,3 +140,15 @@ def test_cli_bad_threshold_is_one_line_and_exit_2(tmp_path, capsys):
     status = main(["edges", str(folder), "--method", "acdc", "--threshold", "-1", "--n", "4", "--seq-len", "8"])
     err = capsys.readouterr().err
     assert status == 2 and "threshold" in err and "Traceback" not in err
+
+
+def test_cli_acdc_on_a_known_model_finds_its_edges_beyond_their_controls(induction_circuit, tmp_path, capsys):
+    _, _, circuit, folder = induction_circuit
+    out = tmp_path / "edges.json"
+    status = main(["edges", str(folder), "--known-task", "--method", "acdc", "--controls", "19", "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert status == 0 and "beyond its controls" in printed
+    report = json.loads(out.read_text())
+    assert set(report["discovered"]) <= set(circuit.edge_texts) and report["discovered"]
+    assert report["controls"]["verdict"]["label"] == "beyond its controls"
+    assert report["curve"]["faithfulness"][-1] == pytest.approx(1.0)
