@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import replace
 
 import numpy as np
 import pytest
