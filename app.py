@@ -32,6 +32,7 @@ PAGES = [
     st.Page("pages/attribution.py", title="Gradient vs causal", icon=":material/compare_arrows:", url_path="attribution"),
     st.Page("pages/patching.py", title="Patching", icon=":material/swap_horiz:", url_path="patching"),
     st.Page("pages/dynamics.py", title="Training dynamics", icon=":material/timeline:", url_path="dynamics"),
+    st.Page("pages/benchmark.py", title="Benchmark", icon=":material/leaderboard:", url_path="benchmark"),
 ]
 
 
