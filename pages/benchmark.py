@@ -16,6 +16,8 @@ import streamlit as st
 from core.errors import HeadLabError
 from core.figures.benchmark import cell_text, roc_figure, score_table_figure
 from core.heads import parse_heads
+from core.model.loading import load_config
+from core.model.refs import ModelRef
 from core.workspace import zoo_dir
 from pages._state import HAND_OFF_NOTE, HEADS_MODEL, MODEL, send_to_ablation_lab, set_choice
 from pages._widgets import show_figure
@@ -94,16 +96,25 @@ def open_in_lab(choice: dict) -> None:
     probe cannot be read by it (send_to_ablation_lab says so on the lab's page).
     """
     pairs = choice["pairs"]
-    token_range = (int(pairs["token_low"]), int(pairs["token_high"])) if "token_high" in pairs else None
+    token_range = (int(pairs["token_low"]), int(pairs["token_high"])) if "token_high" in pairs else _vocab_range(choice)
     send_to_ablation_lab(parse_heads(", ".join(choice["heads"])).heads,
                          vocab_size=token_range[1] if token_range else None, token_range=token_range)
     set_choice(MODEL, choice["model"])
     st.session_state[HEADS_MODEL] = choice["model"]  # picked on that model, not on the page's old workspace
     if choice.get("mode"):
         st.session_state[ABLATION_MODE] = choice["mode"]
-    if pairs.get("task") not in (None, "known-induction") and token_range is None:
-        st.session_state[HAND_OFF_NOTE] = (f"These heads were scored on the benchmark's {pairs.get('task')} pairs; the "
-                                           "lab ablates them on the sidebar's probe.")
+    if pairs.get("task") not in (None, "known-induction"):
+        note = st.session_state.get(HAND_OFF_NOTE, "")
+        st.session_state[HAND_OFF_NOTE] = (f"These heads were scored on the benchmark's {pairs['task']} pairs; the lab "
+                                           f"ablates them on the sidebar's probe. {note}").strip()
+
+
+def _vocab_range(choice: dict) -> tuple[int, int] | None:
+    """(0, vocabulary size) of the proposal's model from its config, or None when the config cannot be read."""
+    try:
+        return 0, int(load_config(ModelRef.parse(choice["model"])).vocab_size)
+    except HeadLabError:
+        return None
 
 
 def choose_report() -> tuple[str, dict | None]:
