@@ -31,6 +31,7 @@ PAGES = [
     st.Page("pages/proposers.py", title="Proposers vs disposer", icon=":material/gavel:", url_path="proposers"),
     st.Page("pages/attribution.py", title="Gradient vs causal", icon=":material/compare_arrows:", url_path="attribution"),
     st.Page("pages/patching.py", title="Patching", icon=":material/swap_horiz:", url_path="patching"),
+    st.Page("pages/graph.py", title="Circuit graph", icon=":material/account_tree:", url_path="graph"),
     st.Page("pages/dynamics.py", title="Training dynamics", icon=":material/timeline:", url_path="dynamics"),
     st.Page("pages/benchmark.py", title="Benchmark", icon=":material/leaderboard:", url_path="benchmark"),
 ]
