@@ -27,7 +27,7 @@ from core.ablation.edges.graph import EMBED, LOGITS, Edge, EdgeGraph, node_layer
 from core.errors import HeadLabError
 from core.figures._style import _legend_on_top, rank_z_title
 from core.figures.bundle import FigureBundle
-from core.figures.theme import CANDIDATE_COLOR, CONTROL_COLOR, SCREEN
+from core.figures.theme import CANDIDATE_COLOR, CONTROL_COLOR, FADED, SCREEN
 from core.results import json_default, provenance
 
 MLP_OFFSET = 0.45  # an MLP sits at its layer's end, between the layer's heads and the next layer's
@@ -152,7 +152,7 @@ def circuit_graph_figure(report_or_scores: Any, threshold: float = 0.0, max_edge
         (x0, y0), (x1, y1) = pos[edge.sender], pos[edge.receiver]
         y1 = y1 + INPUT_OFFSET[edge.input]
         value = float(values[index])
-        color = POSITIVE_COLOR if value >= 0 else NEGATIVE_COLOR
+        color = POSITIVE_COLOR if value > 0 else NEGATIVE_COLOR if value < 0 else FADED  # 0: e.g. ACDC, untested
         highlight = selected == text
         fig.add_trace(go.Scatter(x=[x0, x1], y=[y0, y1], mode="lines", hoverinfo="skip", showlegend=False,
                                  opacity=1.0 if highlight or selected is None else 0.75,

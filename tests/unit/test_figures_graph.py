@@ -93,3 +93,24 @@ def test_clicks_name_nodes_and_edges_and_the_json_lists_every_edge():
     assert sum(e["kept"] for e in record["edges"]) == 1
     with pytest.raises(HeadLabError, match="edge report"):
         circuit_graph_figure(object())
+
+
+def test_the_faithfulness_curve_shows_its_areas_and_the_controls_their_rank():
+    from core.ablation.edges.faithfulness import EdgeControls, FaithfulnessCurve, curve_areas
+    from core.figures.graph import edge_controls_strip, faithfulness_figure
+    from core.stats.inference import Verdict
+
+    fractions, f = (0.01, 0.1, 1.0), (0.2, 0.9, 1.0)
+    cpr, cmd = curve_areas(fractions, f)
+    curve = FaithfulnessCurve("eap", "logit_diff", fractions, (1, 4, 39), f, cpr, cmd, 2.0, -2.0, 39, {})
+    bundle = faithfulness_figure(curve)
+    assert f"CPR {cpr:.3f}" in bundle.figure.layout.title.text and f"CMD {cmd:.3f}" in bundle.figure.layout.title.text
+    assert [r["n_edges"] for r in bundle.rows] == [1, 4, 39] and bundle.figure.layout.xaxis.type == "log"
+    stats = {"rank": 1, "p": 0.05, "z": 3.0, "n_controls": 19, "control_mean": 0.1, "control_std": 0.1}
+    controls = EdgeControls("logit_diff", ("L0H1->L1H2.k",), 0.95, tuple([0.1] * 19), stats, ((0, 1), (1, 2)), True,
+                            123, Verdict("beyond its controls", "rank 1 and p <= 0.05"), {})
+    strip = edge_controls_strip(controls)
+    assert "rank 1/20" in strip.figure.layout.title.text and "beyond its controls" in strip.figure.layout.title.text
+    assert strip.rows[-1]["faithfulness"] == 0.95 and len(strip.rows) == 20
+    with pytest.raises(HeadLabError, match="no faithfulness curve"):
+        faithfulness_figure(None)
