@@ -18,7 +18,8 @@ from core.figures.benchmark import cell_text, roc_figure, score_table_figure
 from core.heads import parse_heads
 from core.model.loading import load_config
 from core.model.refs import ModelRef
-from core.workspace import zoo_dir
+from core.pipelines.benchmark import QUICK, BenchmarkSettings, benchmark, known_cases, n_items, run_case
+from core.workspace import atomic_write_json, reports_dir, zoo_dir
 from pages._state import HAND_OFF_NOTE, HEADS_MODEL, MODEL, send_to_ablation_lab, set_choice
 from pages._widgets import show_figure
 
@@ -26,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 REPORTS = {"full (committed)": REPO / "docs" / "benchmark" / "report.json",
            "quick (committed)": REPO / "docs" / "benchmark" / "quick" / "report.json"}
 OTHER = "another report.json"
+RUN_HERE = "quick (run here)"  # the report the Run button writes under $HEADLAB_HOME
 REPORT_KEYS = ("table", "results", "methods", "verdicts")  # what the page reads; a file without them is not a report
 MEASURE_COLUMNS = (("roc_auc", "ROC AUC"), ("average_precision", "PR AUC"), ("precision_at_k", "precision@k"))
 ABLATION_MODE = "ablation_mode"  # the ablation lab's "Ablation" selectbox
@@ -117,11 +119,53 @@ def _vocab_range(choice: dict) -> tuple[int, int] | None:
         return None
 
 
+def run_path() -> Path:
+    """Where the Run button writes its report: $HEADLAB_HOME/reports/benchmark-quick/report.json."""
+    return reports_dir() / "benchmark-quick" / "report.json"
+
+
+def run_quick() -> None:
+    """The quick benchmark (hand-wired models, QUICK settings) with a progress bar; its report under run_path().
+
+    Each case runs item by item (core caches every item), then `benchmark` assembles the report from the cache,
+    so it equals `python -m core benchmark --quick`'s, and a stopped run resumes.
+    """
+    settings = BenchmarkSettings(**QUICK)
+    with st.status("Running the quick benchmark...", expanded=True) as status:
+        bar = st.progress(0.0, text="building the hand-wired models")
+        cases, notes = known_cases(kinds=("handwired",), say=status.write)
+        total, done = n_items(cases, settings), 0
+
+        def tick(text: str) -> None:
+            nonlocal done
+            done += 1
+            bar.progress(min(done / max(total, 1), 1.0), text=f"{done}/{total}: {text}")
+
+        for case in cases:
+            run_case(case, settings, tick=tick)
+        report = benchmark(cases, settings, progress=False, quick=True)
+        report["runtime"]["left_out"] = notes
+        atomic_write_json(run_path(), report)
+        status.update(label=f"Quick benchmark written to {run_path()}", state="complete", expanded=False)
+    st.session_state["bench_report"] = RUN_HERE
+
+
 def choose_report() -> tuple[str, dict | None]:
     """The report the user picked (path shown), or None after an error was shown."""
     left, right = st.columns([1, 2])
-    which = left.radio("Report", list(REPORTS) + [OTHER], key="bench_report")
-    if which == OTHER:
+    if st.button("Run the quick benchmark here", key="bench_run", icon=":material/play_arrow:",
+                 help="The hand-wired models with fewer pairs and controls (about 70 s on 2 cores; finished items are "
+                      "cached, so a stopped run resumes). Written under $HEADLAB_HOME/reports/benchmark-quick."):
+        try:
+            run_quick()
+        except HeadLabError as exc:
+            st.error(str(exc))
+    choices = list(REPORTS) + ([RUN_HERE] if run_path().is_file() else []) + [OTHER]
+    which = left.radio("Report", choices, key="bench_report")
+    if which == RUN_HERE:
+        path = run_path()
+        right.caption(f"`{path}`")
+    elif which == OTHER:
         text = right.text_input("Path of a report.json", key="bench_path",
                                 placeholder="e.g. ~/bench/report.json (python -m core benchmark --out ~/bench)")
         if not text.strip():

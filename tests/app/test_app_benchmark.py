@@ -4,6 +4,8 @@ ablation lab on its model, and says what is wrong with a missing or corrupt repo
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
@@ -85,3 +87,24 @@ def test_missing_and_corrupt_reports_are_errors_not_tracebacks(tmp_path):
     at.text_input(key="bench_path").set_value(str(tmp_path / "report.json ")).run()
     assert not at.exception, at.exception
     assert any("does not read as a benchmark report" in e for e in errors(at))
+
+
+def test_run_button_writes_a_report_the_page_then_shows(monkeypatch):
+    """The Run button on one hand-wired model, one method, few controls (the button's path, not the full quick run)."""
+    import core.pipelines.benchmark as bench
+
+    if not (zoo_dir() / MODEL).is_dir():
+        KNOWN_MODELS[MODEL](progress=False)
+    small = dict(methods=("pattern screen",), n_controls=2, n_random_groups=1, n_draws=50, n_boot=50,
+                 disposer_boot=10, max_examples=16)
+    monkeypatch.setattr(bench, "QUICK", small)
+    monkeypatch.setattr(bench, "known_cases", lambda **kwargs: ([bench.known_case(MODEL)], []))
+    at = benchmark_page()
+    at.button(key="bench_run").click().run()
+    assert not at.exception, at.exception
+    assert errors(at) == []
+    assert at.radio(key="bench_report").value == "quick (run here)"
+    written = json.loads((Path(os.environ["HEADLAB_HOME"]) / "reports" / "benchmark-quick" / "report.json").read_text())
+    assert written["quick"] is True and [m["name"] for m in written["methods"]] == ["pattern screen"]
+    head = at.dataframe[0].value
+    assert list(head["task"]) == [MODEL] and list(head["method"]) == ["pattern screen"]
