@@ -72,6 +72,16 @@ def test_eap_draws_cores_scores_and_the_slider_picks_what_is_drawn(known_model):
     assert metrics["eap score"] == f"{top[0][1]:.4f}"
     assert float(metrics["gap lost, patched alone"]) == pytest.approx(1.0, abs=0.05)  # embed->L0H1.v carries the answer
 
+    # a node: the sums of its edges' scores and its output patched for every reader (the induction head's
+    # activation-patching effect: the whole answer)
+    at.slider(key="graph_threshold").set_value(0.0).run()
+    at.selectbox(key="graph_item").set_value("node:L1H2").run()
+    assert not at.exception and errors(at) == []
+    metrics = {m.label: m.value for m in at.metric}
+    assert float(metrics["gap lost, its output patched for every reader"]) == pytest.approx(1.0, abs=0.05)
+    assert float(metrics["sum of 1 outgoing scores"]) == pytest.approx(expected.scores[expected.edges.index("L1H2->logits")],
+                                                                       abs=1e-4)
+
     at.button(key="graph_to_ablation").click().run()
     assert not at.exception, at.exception
     assert [t.value for t in at.title] == ["Ablation lab"]
