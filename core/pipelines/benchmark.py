@@ -35,6 +35,9 @@ Each (model, item) result is a JSON file under cache_dir()/benchmark/, written a
 (core.workspace.atomic_write_json) under a key of everything that decides it, so an interrupted run
 resumes from its finished items and its report equals an uninterrupted run's (timings aside, which
 sit in the report's "runtime").
+
+Long because the benchmark is one pass that needs every method's score and its disposal side by side:
+the method tables, the cases, the cache keys and the report assembly read each other.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ MAX_PARAMETERS = 10
 LAYERS = [
     ("core.errors", 0), ("core.results", 0), ("core.threads", 0),
     ("core.tasks", 1), ("core.heads", 1), ("core.workspace", 1), ("core.executor", 1),
-    ("core.stats", 2), ("core.model", 2), ("core.zoo", 2), ("core.store", 2),
+    ("core.stats", 2), ("core.model", 2), ("core.zoo.known", 4), ("core.zoo", 2), ("core.store", 2),
     ("core.ablation", 3), ("core.probe", 3),
     ("core.pipelines", 4),
     ("core.figures", 5),

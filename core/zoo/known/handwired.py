@@ -44,6 +44,7 @@ from core.workspace import atomic_directory, atomic_write_json
 from core.zoo.config import ModelConfig
 from core.zoo.known.truth import KnownCircuit, write_circuit
 from core.zoo.train import _revision, _save_checkpoint, build_hf_config
+from core.model.loading import load_model
 
 NORM_EPS = 1e8
 NORM_WEIGHT = 1e4  # sqrt(NORM_EPS): the norm is x (- mean) times 1 / sqrt(1 + var / eps)
@@ -466,8 +467,6 @@ def build_handwired(name: str, out_dir: Path | None = None, progress: bool | Cal
     The folder appears complete or not at all (atomic_directory): the checkpoint and manifest are written
     into a temporary sibling, loaded back through HeadLab's loader, measured, and renamed into place.
     """
-    from core.model.loading import load_model
-
     design = DESIGNS[name]()
     final = Path(out_dir) if out_dir is not None else zoo_model_dir(name)
     callback = progress if callable(progress) else None

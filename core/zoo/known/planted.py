@@ -32,11 +32,13 @@ either way, so a seed that fails is reported, not hidden.
 A model is one unit of work: trained, confirmed and written into a temporary folder renamed to
 `zoo_dir()/<name>/` when everything is there, so the folder is complete or absent and a rerun skips
 a complete one (at most ~60 s of training is redone after an interrupt).
+
+Long because the three tasks, their pairs, the planting hooks, the training loop and the confirmation
+rule are one recipe whose parts are only meaningful together (the figures live in core/cli/planted.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from dataclasses import dataclass, field
@@ -45,27 +47,22 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 import numpy as np
-import plotly.graph_objects as go
 import torch
-from plotly.subplots import make_subplots
 
 from core.ablation.engine import run_conditions
 from core.ablation.patching import PatchSettings, activation_patching, path_patching
 from core.ablation.spec import Ablation
 from core.errors import HeadLabError
 from core.executor import ProgressBar
-from core.figures._style import _grid_axes
-from core.figures.bundle import figure_bytes
-from core.figures.theme import CANDIDATE_COLOR, CONTROL_COLOR, SCREEN
 from core.heads import HeadSet, head_name, parse_heads
 from core.model.loading import load_model
 from core.model.refs import MANIFEST, ModelRef, read_manifest, zoo_model_dir
-from core.results import JsonResult, package_versions
+from core.results import JsonResult
 from core.tasks.counterfactual import PatchPair
 from core.tasks.known import KNOWN_TASKS, SwapInductionSpec, known_task
 from core.tasks.mixture import batch_generator
 from core.tasks.probe_batch import ProbeBatch, check_seed
-from core.workspace import atomic_directory, atomic_write_bytes, atomic_write_json
+from core.workspace import atomic_directory, atomic_write_json
 from core.zoo.config import ModelConfig
 from core.zoo.known.handwired import measure_bounds
 from core.zoo.known.truth import KnownCircuit, write_circuit
@@ -790,78 +787,3 @@ def _builder(name: str) -> Callable[..., Path]:
 
 
 PLANTED: dict[str, Callable[..., Path]] = {name: _builder(name) for name in PLANTED_CONFIGS}
-
-
-# ----------------------------------------------------------------------------------- the confirmation's figures
-
-
-def confirmation_figure(record: dict) -> go.Figure:
-    """Every head's patching effect, denoising and noising side by side (layer x head grids), the circuit
-    outlined in orange, the decoys dashed grey; the title says confirmed or failed."""
-    denoise = np.asarray(record["patching"]["denoise"]["scores"], dtype=np.float64)
-    noise = 1.0 - np.asarray(record["patching"]["noise"]["scores"], dtype=np.float64)
-    n_layers, n_heads = denoise.shape
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
-                        subplot_titles=("denoising: score", "noising: 1 - score"))
-    for col, values in ((1, denoise), (2, noise)):
-        fig.add_trace(go.Heatmap(z=values.tolist(), x=list(range(n_heads)), y=list(range(n_layers)), zmin=-1, zmax=1,
-                                 colorscale="RdBu_r", showscale=col == 2, colorbar=dict(title="effect"),
-                                 text=[[f"{v:.2f}" for v in row] for row in values], texttemplate="%{text}",
-                                 hovertemplate="L%{y}H%{x}: %{z:.3f}<extra></extra>"), row=1, col=col)
-        _grid_axes(fig, n_layers, n_heads, row=1, col=col)
-        for heads, color, dash in ((record["circuit"], CANDIDATE_COLOR, "solid"), (record["distractors"], CONTROL_COLOR, "dash")):
-            for layer, head in parse_heads(",".join(heads)) if heads else ():
-                fig.add_shape(type="rect", x0=head - 0.46, x1=head + 0.46, y0=layer - 0.46, y1=layer + 0.46,
-                              line=dict(color=color, width=3, dash=dash), row=1, col=col)
-    verdict = "confirmed" if record["confirmed"] else "FAILED"
-    fig.update_layout(template=SCREEN, height=320, width=760, margin=dict(t=80),
-                      title=f"{record['name']}: {verdict} (circuit {', '.join(record['circuit'])}; decoy "
-                            f"{', '.join(record['distractors']) or 'none'})")
-    return fig
-
-
-def export_confirmations(folders: list[Path], json_path: Path, image_dir: Path) -> dict:
-    """Write the confirmation records of built planted models as one JSON (with the machine record) and one
-    PNG figure each (image_dir/planted-....png, kaleido); returns the JSON written."""
-    from core.cli.bench import machine_record  # the benchmarks' machine record (CPU, threads, commit)
-
-    models = []
-    for folder in folders:
-        record = planted_status(Path(folder))
-        if record is None:
-            raise HeadLabError(f"{folder} holds no built planted model; build it first (python -m core known --build).")
-        image = Path(image_dir) / f"{record['name']}.png"
-        atomic_write_bytes(image, figure_bytes(confirmation_figure(record), "png", size=(760, 320)))
-        models.append({**record, "figure": str(image)})
-    summary = {
-        "what": "planted-circuit models (core/zoo/known/planted.py): training time and the confirmation of each",
-        "rule": dict(RULE), "rule_text": RULE_TEXT,
-        "confirmed": sum(m["confirmed"] for m in models), "models_total": len(models),
-        "train_seconds_total": round(sum(m["train_seconds"] for m in models), 2),
-        "machine": machine_record(), "versions": package_versions(), "models": models,
-    }
-    atomic_write_json(Path(json_path), summary)
-    return summary
-
-
-def main(argv: list[str] | None = None) -> int:
-    """python -m core.zoo.known.planted [--build] [--export DOCS]: train the registered models, write their figures."""
-    parser = argparse.ArgumentParser(prog="python -m core.zoo.known.planted", description=main.__doc__)
-    parser.add_argument("--build", action="store_true", help="train and confirm every registered planted model")
-    parser.add_argument("--export", type=Path, metavar="DOCS",
-                        help="write DOCS/measurements/planted-confirmation.json and DOCS/images/planted-*.png")
-    args = parser.parse_args(argv)
-    folders = []
-    for name, build in PLANTED.items():
-        folder = build(progress=True) if args.build else zoo_model_dir(name)
-        folders.append(folder)
-        record = planted_status(folder)
-        state = "not built" if record is None else ("confirmed" if record["confirmed"] else "FAILED: " + "; ".join(record["failures"]))
-        print(f"{name}: {state}")
-    if args.export is not None:
-        export_confirmations(folders, args.export / "measurements" / "planted-confirmation.json", args.export / "images")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

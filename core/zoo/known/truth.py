@@ -25,6 +25,8 @@ from core.heads import HeadSet, head_name, parse_heads
 from core.model.refs import MANIFEST, ModelRef
 from core.results import JsonResult
 from core.workspace import atomic_write_json, zoo_dir
+from core.model.loading import load_config
+from core.tasks.known import known_task
 
 CIRCUIT_FILE = "circuit.json"
 FORMAT = "headlab-known-circuit/1"
@@ -169,14 +171,10 @@ class KnownCircuit(JsonResult):
 
     def build_pair(self):
         """The task's clean/corrupted pairs (core.tasks.counterfactual.PatchPair), rebuilt from `task`."""
-        from core.tasks.known import known_task
-
         return known_task(self.task).build_pair()
 
     def build_batch(self):
         """The task's probe batch (core.tasks.probe_batch.ProbeBatch; the pairs' clean side), rebuilt from `task`."""
-        from core.tasks.known import known_task
-
         return known_task(self.task).build_batch()
 
     def to_json(self) -> dict:
@@ -313,8 +311,6 @@ def known_circuit(ref: ModelRef | str, revision: str | None = None) -> KnownCirc
     A zoo model's circuit.json sits beside manifest.json; a local folder's in the folder itself
     (a model folder or one checkpoint folder). The shape comes from the checkpoint's config.json.
     """
-    from core.model.loading import load_config
-
     if isinstance(ref, str):
         ref = ModelRef.parse(ref)
     folder = model_folder(ref)
