@@ -53,8 +53,31 @@ def _pair_starts(rng: np.random.RandomState, n_pairs: int, last: int) -> np.ndar
     return 1 + 2 * slots
 
 
+class PairTask:
+    """What every known-circuit task spec shares (here and in core/zoo/known/planted.py): clean prompts of
+    n_examples x seq_len whose query is the last position, built with their corrupted twins by build_pair()."""
+
+    def _batch(self, tokens: np.ndarray, target: np.ndarray, key: np.ndarray) -> ProbeBatch:
+        """tokens [N, T], target [N], key [N] (the earlier position the answer follows) as a ProbeBatch."""
+        n, q = self.n_examples, self.seq_len - 1
+        keys = torch.from_numpy(key.astype(np.int64))
+        return ProbeBatch(tokens=torch.from_numpy(tokens), query_pos=torch.full((n,), q, dtype=torch.long),
+                          target=torch.from_numpy(target.astype(np.int64)), induction_pos=keys + 1, duplicate_pos=keys,
+                          spec={**self.to_json(), "rng": "numpy.RandomState"})
+
+    def build_batch(self) -> ProbeBatch:
+        """The clean prompts as a probe batch (the ablation study's input)."""
+        return self.build_pair().clean
+
+    def build(self) -> PatchPair:
+        return self.build_pair()
+
+    def build_pair(self) -> PatchPair:  # pragma: no cover - each task defines it
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
-class _PlantedSpec(JsonResult):
+class _PlantedSpec(PairTask, JsonResult):
     """Shared fields and checks: N prompts of T tokens from [token_low, token_high), seeded."""
 
     task: ClassVar[str] = ""
@@ -101,22 +124,6 @@ class _PlantedSpec(JsonResult):
             starts[i] = _pair_starts(rng, self.n_pairs, seq_len - 1)
         return tokens, planted, starts
 
-    def _batch(self, tokens: np.ndarray, target: np.ndarray, first: np.ndarray) -> ProbeBatch:
-        n, q = self.n_examples, self.seq_len - 1
-        dup = torch.from_numpy(first.astype(np.int64))
-        return ProbeBatch(tokens=torch.from_numpy(tokens), query_pos=torch.full((n,), q, dtype=torch.long),
-                          target=torch.from_numpy(target.astype(np.int64)), induction_pos=dup + 1, duplicate_pos=dup,
-                          spec={**self.to_json(), "rng": "numpy.RandomState"})
-
-    def build_batch(self) -> ProbeBatch:
-        """The clean prompts as a probe batch (the ablation study's input)."""
-        return self.build_pair().clean
-
-    def build(self) -> PatchPair:
-        return self.build_pair()
-
-    def build_pair(self) -> PatchPair:  # pragma: no cover - each task defines it
-        raise NotImplementedError
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ bounds recorded in circuit.json through HeadLab's own ablation engine on the loa
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -487,13 +488,5 @@ def build_handwired(name: str, out_dir: Path | None = None, progress: bool | Cal
     return final
 
 
-def _builder(name: str) -> Callable[..., Path]:
-    def build(out_dir: Path | None = None, progress: bool | Callable[[int, int], None] | None = None) -> Path:
-        return build_handwired(name, out_dir, progress)
-
-    build.__name__ = build.__qualname__ = f"build_{name.replace('-', '_')}"
-    build.__doc__ = f"Build the hand-wired model {name} (see core.zoo.known.handwired.build_handwired)."
-    return build
-
-
-HANDWIRED: dict[str, Callable[..., Path]] = {name: _builder(name) for name in DESIGNS}
+# name -> builder(out_dir=None, progress=None) -> Path (the signature in core/zoo/known/__init__.py)
+HANDWIRED: dict[str, Callable[..., Path]] = {name: partial(build_handwired, name) for name in DESIGNS}

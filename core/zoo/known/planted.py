@@ -42,6 +42,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from numbers import Integral
 from pathlib import Path
 from typing import Any, Callable, ClassVar
@@ -59,7 +60,7 @@ from core.model.loading import load_model
 from core.model.refs import MANIFEST, ModelRef, read_manifest, zoo_model_dir
 from core.results import JsonResult
 from core.tasks.counterfactual import PatchPair
-from core.tasks.known import KNOWN_TASKS, SwapInductionSpec, known_task
+from core.tasks.known import KNOWN_TASKS, PairTask, SwapInductionSpec, known_task
 from core.tasks.mixture import batch_generator
 from core.tasks.probe_batch import ProbeBatch, check_seed
 from core.workspace import atomic_directory, atomic_write_json
@@ -204,7 +205,7 @@ def _fresh(rng: np.random.RandomState, low: int, high: int, avoid: set[int]) -> 
 
 
 @dataclass(frozen=True)
-class _PairSpec(JsonResult):
+class _PairSpec(PairTask, JsonResult):
     """N prompts of T tokens of the planted vocabulary, seeded; the query is the last position."""
 
     task: ClassVar[str] = ""
@@ -230,22 +231,6 @@ class _PairSpec(JsonResult):
             raise HeadLabError(f"the {self.task} task uses token ids up to {VOCAB_SIZE - 1}, which a model with "
                                f"{vocab_size} tokens cannot read; use a planted model (core.zoo.known.planted).")
 
-    def _batch(self, tokens: np.ndarray, target: np.ndarray, key: np.ndarray) -> ProbeBatch:
-        n, q = self.n_examples, self.seq_len - 1
-        keys = torch.from_numpy(key.astype(np.int64))
-        return ProbeBatch(tokens=torch.from_numpy(tokens), query_pos=torch.full((n,), q, dtype=torch.long),
-                          target=torch.from_numpy(target.astype(np.int64)), induction_pos=keys + 1, duplicate_pos=keys,
-                          spec={**self.to_json(), "rng": "numpy.RandomState"})
-
-    def build_batch(self) -> ProbeBatch:
-        """The clean prompts as a probe batch (the ablation study's input)."""
-        return self.build_pair().clean
-
-    def build(self) -> PatchPair:
-        return self.build_pair()
-
-    def build_pair(self) -> PatchPair:  # pragma: no cover - each task defines it
-        raise NotImplementedError
 
 
 @dataclass(frozen=True)
@@ -777,13 +762,5 @@ def build_planted(name: str, out_dir: Path | None = None, progress: bool | Calla
     return final
 
 
-def _builder(name: str) -> Callable[..., Path]:
-    def build(out_dir: Path | None = None, progress: bool | Callable[[int, int], None] | None = None) -> Path:
-        return build_planted(name, out_dir, progress)
-
-    build.__name__ = build.__qualname__ = f"build_{name.replace('-', '_')}"
-    build.__doc__ = f"Train and confirm the planted model {name} (see core.zoo.known.planted.build_planted)."
-    return build
-
-
-PLANTED: dict[str, Callable[..., Path]] = {name: _builder(name) for name in PLANTED_CONFIGS}
+# name -> builder(out_dir=None, progress=None) -> Path (the signature in core/zoo/known/__init__.py)
+PLANTED: dict[str, Callable[..., Path]] = {name: partial(build_planted, name) for name in PLANTED_CONFIGS}
