@@ -20,7 +20,7 @@ from core.model.loading import load_config
 from core.model.refs import ModelRef
 from core.pipelines.benchmark import QUICK, BenchmarkSettings, benchmark, known_cases, n_items, run_case
 from core.workspace import atomic_write_json, reports_dir, zoo_dir
-from pages._state import HAND_OFF_NOTE, HEADS_MODEL, MODEL, send_to_ablation_lab, set_choice
+from pages._state import HAND_OFF_NOTE, HEADS_MODEL, MODEL, current_workspace, send_to_ablation_lab, set_choice
 from pages._widgets import show_figure
 
 REPO = Path(__file__).resolve().parents[1]
@@ -232,6 +232,7 @@ def show(report: dict) -> None:
 
 
 st.title("Known-circuit benchmark")
+current_workspace()  # this page reads reports, not the workspace, but the sidebar (and its errors) still shows
 st.caption("Every proposer and patching method scored against circuits known by construction: hand-wired and "
            "planted models with their true heads and edges. The published ACDC numbers are on other models and are "
            "shown for scale, never as HeadLab results.")
