@@ -231,19 +231,56 @@ def below_minimum(verdict: Verdict, n_examples: int, min_examples: int = MIN_VER
     return Verdict("inconclusive", verdict.rule, (why,) + tuple(verdict.reasons), verdict.z)
 
 
-def _degenerate_controls(candidate: float, controls: Sequence[float], metric: str, min_controls: int) -> tuple[str, ...]:
-    """Why controls cannot back a verdict (too few distinct sets, or no spread on `metric`); () when they can."""
+def _control_values(candidate: float, controls: Sequence[float], metric: str) -> str:
+    """"metric: the candidate's delta is ..., the controls' ..." (the first five controls, sorted)."""
+    values = ", ".join(f"{v:+.4g}" for v in sorted(controls)[:5]) + (", ..." if len(controls) > 5 else "")
+    return f"{metric}: the candidate's delta is {candidate:+.4g}, the controls' {values}."
+
+
+def _too_few_controls(candidate: float, controls: Sequence[float], metric: str, min_controls: int) -> tuple[str, ...]:
+    """Why too few distinct control sets cannot back a verdict; () when there are enough."""
     n = len(controls)
-    if n < min_controls:
-        why = (f"only {n} distinct control set{' was' if n == 1 else 's were'} measured; a verdict needs at least "
-               f"{min_controls}, and a z from fewer means nothing.")
-    elif degenerate_spread(controls):
-        why = f"the controls' spread on {metric} is 0 (every control set changes it alike), so no z exists."
-    else:
+    if n >= min_controls:
         return ()
-    values = ", ".join(f"{v:+.4g}" for v in sorted(controls)[:5]) + (", ..." if n > 5 else "")
-    return (why, f"{metric}: the candidate's delta is {candidate:+.4g}, the controls' {values}.",
+    return (f"only {n} distinct control set{' was' if n == 1 else 's were'} measured; a verdict needs at least "
+            f"{min_controls}, and a z from fewer means nothing.", _control_values(candidate, controls, metric),
             "Choose fewer heads, the other control kind, or a model with more heads.")
+
+
+def _rank_closure(cand: dict, ctrl: dict, metrics: list[str], head_metric: str, rule_text: str, z: dict,
+                  alpha: float = RANK_P_ALPHA) -> Verdict:
+    """Closure by rank where the controls' spread on the headline metric is zero, so no z exists.
+
+    A z needs a spread; the rank test does not. The candidate passes when every delta is damage and its
+    headline delta lies beyond every control's by more than rounding, with enough controls that
+    p = 1/(n+1) <= alpha (19 for 0.05). Flooring the spread (the reference's 1e-9) would print z ~ 1e9
+    here, a figure of the floor; the rank and p are the honest ones. Too few controls: "inconclusive".
+    """
+    sign = DAMAGE_SIGN[head_metric]
+    candidate = float(cand[head_metric])
+    controls = np.asarray(ctrl[head_metric], dtype=np.float64)
+    rp = empirical_rank_p(candidate, controls, sign)
+    scale = max(1.0, abs(candidate), float(np.abs(controls).max()))
+    beyond = sign * candidate - float(np.max(sign * controls)) > SPREAD_FLOOR * scale
+    reasons = [f"the controls' spread on {head_metric} is 0 (every control set changes it alike), so no z exists; "
+               f"the verdict rests on the rank: {rp.rank} of {rp.n_controls + 1}, p = {rp.p:.3g}.",
+               _control_values(candidate, controls, head_metric)]
+    if rp.n_controls < controls_for_p(alpha):
+        reasons.append(f"{rp.n_controls} controls cannot reach p <= {alpha:g} (the smallest p is 1/{rp.n_controls + 1}); "
+                       f"use at least {controls_for_p(alpha)}, or fewer heads, the other control kind, or a model "
+                       "with more heads.")
+        return Verdict("inconclusive", rule_text, tuple(reasons), z)
+    damaging = all(is_damaging(metric, cand[metric]) for metric in metrics)
+    for metric in metrics:
+        if not is_damaging(metric, cand[metric]):
+            reasons.append(f"{metric} delta {cand[metric]:+.4g} is not damage.")
+    if not beyond:
+        reasons.append(f"the candidate's {head_metric} delta does not lie beyond every control's by more than rounding.")
+    passed = damaging and beyond
+    if passed:
+        reasons.append(f"every delta is damage and the candidate is more damaging than all {rp.n_controls} controls "
+                       f"(p = {rp.p:.3g} <= {alpha:g}).")
+    return Verdict("pass" if passed else "fail", rule_text, tuple(reasons), z)
 
 
 def closure_verdict(
@@ -261,8 +298,10 @@ def closure_verdict(
     reference: every delta damaging and, on at least one metric, the candidate lies outside the
     control range on the damaging side. Either rule: delta loss < 0 with z_loss < -threshold is
     "fails in the wrong direction" (the ablation improves the model far beyond the controls).
-    Either rule is "inconclusive" with fewer than min_controls distinct control sets or a zero control
-    spread on the headline metric: the candidate cannot stand out from controls that do not vary.
+    Either rule is "inconclusive" with fewer than min_controls distinct control sets. Where the controls'
+    spread on the headline metric is zero (no z), either rule decides by rank (`_rank_closure`): a pass
+    needs every delta damaging and the candidate beyond every one of >= 19 controls (p <= 0.05), and is
+    "inconclusive" with fewer controls.
     """
     if rule not in ("paper", "reference"):
         raise HeadLabError(f"closure rule {rule!r} is unknown; use 'paper' or 'reference'.")
@@ -284,9 +323,11 @@ def closure_verdict(
         rule_text = f"paper: every delta damaging and z_{head_metric} {'<' if headline == 'logit' else '>'} {'-' if headline == 'logit' else '+'}{z_threshold:g}"
     else:
         rule_text = "reference: every delta damaging and outside the control range (damaging side) on at least one metric"
-    degenerate = _degenerate_controls(cand[head_metric], ctrl[head_metric], head_metric, min_controls)
-    if degenerate:
-        return Verdict("inconclusive", rule_text, degenerate, z)
+    too_few = _too_few_controls(cand[head_metric], ctrl[head_metric], head_metric, min_controls)
+    if too_few:
+        return Verdict("inconclusive", rule_text, too_few, z)
+    if z[head_metric] is None:  # controls that all change the headline metric alike: the rank decides
+        return _rank_closure(cand, ctrl, metrics, head_metric, rule_text, z)
     reasons = []
     if "loss" in cand and cand["loss"] < 0 and z["loss"] is not None and z["loss"] < -z_threshold:
         reasons.append(

@@ -123,6 +123,26 @@ def test_closure_verdict_degenerate_controls_is_inconclusive():
     assert closure_verdict(strong, flat, min_controls=4, headline="loss").label == "inconclusive"
 
 
+def test_closure_verdict_zero_spread_decides_by_rank():
+    # a hand-wired model: 20 control sets leave the answer alone to rounding, the true circuit removes it
+    flat = {"loss": [1e-7 * (i % 3) for i in range(20)], "top1": [0.0] * 20, "target_logit": [-1e-7] * 20}
+    circuit = {"loss": 5.0, "top1": -0.9, "target_logit": -10.0}
+    for rule in ("paper", "reference"):
+        verdict = closure_verdict(circuit, flat, rule=rule)
+        assert verdict.label == "pass", verdict.reasons
+        assert verdict.z["target_logit"] is None
+        assert "no z exists; the verdict rests on the rank: 1 of 21, p = 0.0476" in verdict.reasons[0]
+    # a group that does nothing beyond the controls: beyond them only by rounding, or not damage at all
+    assert closure_verdict({**circuit, "target_logit": -1e-7 - 1e-9}, flat).label == "fail"
+    assert closure_verdict({**circuit, "target_logit": -1e-7 - 1e-9}, flat).reasons[-1].endswith("more than rounding.")
+    idle = closure_verdict({"loss": 0.0, "top1": 0.0, "target_logit": 0.0}, {**flat, "target_logit": [-11.5] * 20})
+    assert idle.label == "fail" and "loss delta +0 is not damage." in idle.reasons
+    # 18 controls cannot reach p <= 0.05 (the smallest p is 1/19): no verdict, whatever the candidate does
+    few = {m: v[:18] for m, v in flat.items()}
+    verdict = closure_verdict(circuit, few)
+    assert verdict.label == "inconclusive" and "18 controls cannot reach p <= 0.05" in verdict.reasons[-1]
+
+
 def _reference_deltas(baseline: dict, candidate: dict, controls: list[dict], metrics: dict[str, str]):
     cand = {ours: candidate[theirs] - baseline[theirs] for ours, theirs in metrics.items()}
     ctrl = {ours: [c[theirs] - baseline[theirs] for c in controls] for ours, theirs in metrics.items()}
