@@ -173,6 +173,16 @@ class ForwardShape:
                    element_size=element_size(model_dtype(model)))
 
 
+    @classmethod
+    def of_config(cls, config: Any, dtype: torch.dtype = torch.float32) -> "ForwardShape":
+        """The shape a Hugging Face config describes, in `dtype`: for estimates before any weight is loaded."""
+        text = getattr(config, "text_config", None) or config
+        d_model = int(text.hidden_size)
+        d_mlp = int(getattr(text, "intermediate_size", None) or 4 * d_model) * int(getattr(text, "num_experts_per_tok", None) or 1)
+        return cls(n_heads=int(text.num_attention_heads), d_model=d_model, d_mlp=d_mlp, d_vocab=int(text.vocab_size),
+                   element_size=element_size(dtype))
+
+
 def forward_bytes(shape: ForwardShape, seq_len: int, logit_rows: int = 1) -> int:
     """Peak bytes one example of `seq_len` tokens adds to a forward without grad (under lean_forward).
 

@@ -19,8 +19,9 @@ from core.ablation.edges import (METHODS, MIB_FRACTIONS, EdgeControls, EdgeGraph
                                  FaithfulnessCurve,
                                  acdc, check_threshold, edge_attribution, edge_controls, faithfulness_curve, top_edges)
 from core.ablation.edges.eap import check_ig_steps
+from core.ablation.edges.runs import check_edge_run_fits
 from core.errors import HeadLabError
-from core.model.loading import DEFAULT_DTYPE, load_config, load_model
+from core.model.loading import DEFAULT_DTYPE, load_config, load_model, parse_dtype
 from core.model.refs import Checkpoint, ModelRef, resolve_checkpoint
 from core.pipelines.patching import build_pairs
 from core.probe import check_probe_fits
@@ -142,8 +143,11 @@ def edges_model(ref: ModelRef, revision: Optional[str], pairs: InductionCounterf
     """Load one checkpoint (default: the last), build the pairs, run `run_edges`; the report names the checkpoint."""
     checkpoint = resolve_checkpoint(ref, revision)
     check_has_pairs(pairs)
+    config = load_config(ref, checkpoint.revision)
     if isinstance(pairs, InductionCounterfactualSpec):
-        check_probe_fits(pairs, load_config(ref, checkpoint.revision))
+        check_probe_fits(pairs, config)
+    if hasattr(pairs, "seq_len"):  # a probe file's token lengths are known only once its tokenizer has run
+        check_edge_run_fits(config, pairs.seq_len, parse_dtype(dtype), plan.method != "acdc", device)
     model = load_model(ref, checkpoint.revision, device=device, dtype=dtype)
     return edges_loaded(model, ref.name, checkpoint, pairs, settings, plan, progress)
 

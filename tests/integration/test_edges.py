@@ -5,14 +5,17 @@ import json
 import numpy as np
 import pytest
 import torch
+from transformers import GPTNeoXConfig
 
 from core.ablation.edges import (EdgeGraph, EdgeSettings, acdc, edge_attribution, edge_controls, edge_graph_of,
                                  edge_patching_each, faithfulness_curve)
 from core.ablation.edges.acdc import kept_by_each
 from core.__main__ import main
-from core.ablation.edges.runs import edge_chunks, mean_value, run_values
+from core.ablation.edges.graph import edge_graph_of_config
+from core.ablation.edges.runs import check_edge_run_fits, edge_chunks, edge_pair_bytes, mean_value, run_values
 from core.errors import HeadLabError
 from core.model.loading import load_model
+from core.model.memory import ForwardShape, estimate_memory_bytes
 from core.model.refs import ModelRef
 from core.pipelines.edges import check_has_pairs
 from core.tasks.counterfactual import InductionCounterfactualSpec
@@ -152,3 +155,22 @@ def test_cli_acdc_on_a_known_model_finds_its_edges_beyond_their_controls(inducti
     assert set(report["discovered"]) <= set(circuit.edge_texts) and report["discovered"]
     assert report["controls"]["verdict"]["label"] == "beyond its controls"
     assert report["curve"]["faithfulness"][-1] == pytest.approx(1.0)
+
+
+def test_an_edge_run_too_large_for_the_memory_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    pythia_160m = GPTNeoXConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+                                vocab_size=50304, use_parallel_residual=True)
+    one_pair = edge_pair_bytes(ForwardShape.of_config(pythia_160m), edge_graph_of_config(pythia_160m), 128, grad=True)
+    need = check_edge_run_fits(pythia_160m, 128, torch.float32, grad=True, available_bytes=2**40)
+    assert need == estimate_memory_bytes(pythia_160m) + one_pair
+    assert check_edge_run_fits(pythia_160m, 128, torch.float32, grad=False, available_bytes=2**40) < need  # ACDC: no grad
+    assert check_edge_run_fits(pythia_160m, 128, torch.float32, grad=True, available_bytes=2 * need) == need  # half the free
+    with pytest.raises(HeadLabError, match=r"edge run on this model needs ~.* GB for the weights .*--seq-len"):
+        check_edge_run_fits(pythia_160m, 128, torch.float32, grad=True, available_bytes=2 * need - 2)
+    # the command says so in one line, before any weight is read
+    folder = save_tiny_model("gpt_neox", tmp_path / "m")
+    monkeypatch.setattr("core.model.memory.available_memory_bytes", lambda device="cpu": 10_000)
+    monkeypatch.setattr("core.pipelines.edges.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    status = main(["edges", str(folder), "--n", "4", "--seq-len", "8"])
+    err = capsys.readouterr().err
+    assert status == 2 and "edge run on this model needs" in err and "Traceback" not in err

@@ -22,13 +22,14 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from core.ablation.edges.graph import LOGITS, EdgeGraph, edge_graph_of
+from core.ablation.edges.graph import LOGITS, EdgeGraph, edge_graph_of, edge_graph_of_config
 from core.ablation.patching.paths import split_qkv_inputs
 from core.ablation.patching.runs import (PATCH_METRICS, PatchSettings, check_pair_fits, checked_gap, metric_values,
                                          query_logits)
 from core.errors import HeadLabError
 from core.model.hooks import head_output_weights, hook_name, mlp_hook_name, model_device, model_shape
-from core.model.memory import ForwardShape, chunk_size_for, forward_bytes, memory_budget
+from core.model.memory import (SAFETY_FRACTION, ForwardShape, chunk_size_for, estimate_memory_bytes, forward_bytes,
+                               memory_budget)
 from core.results import JsonResult
 from core.stats.patching import normalized_score
 from core.tasks.counterfactual import PatchPair
@@ -267,22 +268,45 @@ def pair_metric(settings: EdgeSettings) -> str:
     return "logit_diff" if settings.metric == "kl" else settings.metric
 
 
-def edges_per_chunk(model: Any, pair: PatchPair, graph: EdgeGraph, settings: EdgeSettings, grad: bool = False) -> int:
-    """Pairs per forward: settings.batch_size, else as many as the free memory holds (HeadLabError when none fits).
+def edge_pair_bytes(shape: ForwardShape, graph: EdgeGraph, seq_len: int, grad: bool) -> int:
+    """Peak bytes one clean/corrupted pair adds to an edge run.
 
-    Per pair: both runs' sender outputs ([sender, pos, d_model] twice), plus one forward with the
-    per-head q/k/v copies (3 x n_heads residuals per layer) and, with grad, every layer's activations
-    and the receivers' gradients.
+    Both runs' sender outputs ([sender, pos, d_model] twice, float32), plus one forward with the per-head
+    q/k/v copies (3 x n_heads residuals per layer) and, with grad, every layer's activations and the
+    receivers' gradients.
     """
+    residual = int(seq_len) * shape.d_model * 4
+    kept = 2 * len(graph.senders) * residual
+    forward = forward_bytes(shape, seq_len, logit_rows=seq_len) + 3 * graph.n_heads * residual * 2
+    return kept + ((graph.n_layers + 1) * forward + len(graph.receivers) * residual if grad else forward)
+
+
+def edges_per_chunk(model: Any, pair: PatchPair, graph: EdgeGraph, settings: EdgeSettings, grad: bool = False) -> int:
+    """Pairs per forward: settings.batch_size, else as many as the free memory holds (HeadLabError when none fits)."""
     if settings.batch_size is not None:
         return min(settings.batch_size, pair.n_examples)
-    shape = ForwardShape.of_model(model)
-    n_layers = graph.n_layers
-    residual = pair.seq_len * shape.d_model * 4
-    kept = 2 * len(graph.senders) * residual
-    forward = forward_bytes(shape, pair.seq_len, logit_rows=pair.seq_len) + 3 * graph.n_heads * residual * 2
-    per_example = kept + ((n_layers + 1) * forward + len(graph.receivers) * residual if grad else forward)
+    per_example = edge_pair_bytes(ForwardShape.of_model(model), graph, pair.seq_len, grad)
     return chunk_size_for(per_example, pair.n_examples, memory_budget(model_device(model)), "edge patching")
+
+
+def check_edge_run_fits(config: Any, seq_len: int, dtype: torch.dtype, grad: bool, device: str = "cpu",
+                        available_bytes: int | None = None) -> int:
+    """Refuse, before the model is loaded, an edge run whose weights and one pair cannot fit; returns the bytes.
+
+    The weights as core.model.memory estimates them, plus one pair of `seq_len` tokens (edge_pair_bytes,
+    with gradients for EAP and EAP-IG), against the share of the free memory HeadLab may use.
+    """
+    weights = estimate_memory_bytes(config, dtype)
+    one_pair = edge_pair_bytes(ForwardShape.of_config(config, dtype), edge_graph_of_config(config), seq_len, grad)
+    budget = memory_budget(device, available_bytes)
+    if weights + one_pair > budget:
+        raise HeadLabError(
+            f"an edge run on this model needs ~{(weights + one_pair) / 1e9:.2f} GB: {weights / 1e9:.2f} GB for the "
+            f"weights and {one_pair / 1e9:.2f} GB for one pair of {int(seq_len)} tokens"
+            f"{' with its gradients' if grad else ''}, more than the {budget / 1e9:.2f} GB HeadLab may use "
+            f"({SAFETY_FRACTION:.0%} of the free memory); use shorter pairs (--seq-len), a smaller dtype "
+            "(--dtype bfloat16) or another device (--device cuda).")
+    return weights + one_pair
 
 
 @torch.no_grad()
