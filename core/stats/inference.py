@@ -249,12 +249,13 @@ def _too_few_controls(candidate: float, controls: Sequence[float], metric: str, 
 
 def _rank_closure(cand: dict, ctrl: dict, metrics: list[str], head_metric: str, rule_text: str, z: dict,
                   alpha: float = RANK_P_ALPHA) -> Verdict:
-    """Closure by rank where the controls' spread on the headline metric is zero, so no z exists.
+    """Closure where the controls' spread on the headline metric is zero, so no z exists.
 
-    A z needs a spread; the rank test does not. The candidate passes when every delta is damage and its
-    headline delta lies beyond every control's by more than rounding, with enough controls that
-    p = 1/(n+1) <= alpha (19 for 0.05). Flooring the spread (the reference's 1e-9) would print z ~ 1e9
-    here, a figure of the floor; the rank and p are the honest ones. Too few controls: "inconclusive".
+    The rules' z is then -inf or +inf (or 0/0), and flooring the spread (the reference's 1e-9) would print
+    z ~ 1e9, a figure of the floor. The verdict takes the rules' limit instead: a pass when every delta is
+    damage and the candidate's headline delta lies beyond every control's by more than rounding, from as
+    many distinct control sets as a z needs (closure_verdict's min_controls); the reasons give the rank and
+    p in place of the z, and say when the controls are too few for p <= alpha.
     """
     sign = DAMAGE_SIGN[head_metric]
     candidate = float(cand[head_metric])
@@ -263,13 +264,10 @@ def _rank_closure(cand: dict, ctrl: dict, metrics: list[str], head_metric: str, 
     scale = max(1.0, abs(candidate), float(np.abs(controls).max()))
     beyond = sign * candidate - float(np.max(sign * controls)) > SPREAD_FLOOR * scale
     reasons = [f"the controls' spread on {head_metric} is 0 (every control set changes it alike), so no z exists; "
-               f"the verdict rests on the rank: {rp.rank} of {rp.n_controls + 1}, p = {rp.p:.3g}.",
+               f"the verdict reads the rank instead: {rp.rank} of {rp.n_controls + 1}, p = {rp.p:.3g}"
+               + ("." if rp.n_controls >= controls_for_p(alpha) else
+                  f" ({rp.n_controls} controls cannot reach p <= {alpha:g}; {controls_for_p(alpha)} can)."),
                _control_values(candidate, controls, head_metric)]
-    if rp.n_controls < controls_for_p(alpha):
-        reasons.append(f"{rp.n_controls} controls cannot reach p <= {alpha:g} (the smallest p is 1/{rp.n_controls + 1}); "
-                       f"use at least {controls_for_p(alpha)}, or fewer heads, the other control kind, or a model "
-                       "with more heads.")
-        return Verdict("inconclusive", rule_text, tuple(reasons), z)
     damaging = all(is_damaging(metric, cand[metric]) for metric in metrics)
     for metric in metrics:
         if not is_damaging(metric, cand[metric]):
@@ -278,8 +276,7 @@ def _rank_closure(cand: dict, ctrl: dict, metrics: list[str], head_metric: str, 
         reasons.append(f"the candidate's {head_metric} delta does not lie beyond every control's by more than rounding.")
     passed = damaging and beyond
     if passed:
-        reasons.append(f"every delta is damage and the candidate is more damaging than all {rp.n_controls} controls "
-                       f"(p = {rp.p:.3g} <= {alpha:g}).")
+        reasons.append(f"every delta is damage and the candidate is more damaging than all {rp.n_controls} controls.")
     return Verdict("pass" if passed else "fail", rule_text, tuple(reasons), z)
 
 
@@ -299,9 +296,9 @@ def closure_verdict(
     control range on the damaging side. Either rule: delta loss < 0 with z_loss < -threshold is
     "fails in the wrong direction" (the ablation improves the model far beyond the controls).
     Either rule is "inconclusive" with fewer than min_controls distinct control sets. Where the controls'
-    spread on the headline metric is zero (no z), either rule decides by rank (`_rank_closure`): a pass
-    needs every delta damaging and the candidate beyond every one of >= 19 controls (p <= 0.05), and is
-    "inconclusive" with fewer controls.
+    spread on the headline metric is zero (no z), either rule takes its limit (`_rank_closure`): a pass
+    needs every delta damaging and the candidate beyond every control by more than rounding, and the
+    verdict gives the rank and p in place of the z.
     """
     if rule not in ("paper", "reference"):
         raise HeadLabError(f"closure rule {rule!r} is unknown; use 'paper' or 'reference'.")

@@ -113,17 +113,19 @@ def test_closure_verdict_degenerate_controls_is_inconclusive():
         assert "+6.25" not in verdict.reasons[1] and "-7.4" in verdict.reasons[1]  # the headline metric, logit
         assert verdict.z == {"loss": None, "top1": None, "target_logit": None}
     assert "only 2 distinct control sets were" in closure_verdict(cand, {m: v * 2 for m, v in one.items()}).reasons[0]
-    # three distinct sets that change the headline metric alike: no spread, no z, no verdict
+    # three distinct sets that change the headline metric alike: no spread and no z; the rank speaks, with its p
     flat = {"loss": [0.1, 0.2, 0.3], "top1": [0.0, -0.01, -0.02], "target_logit": [-0.5, -0.5, -0.5]}
     strong = {"loss": 1.0, "top1": -0.2, "target_logit": -2.0}
     verdict = closure_verdict(strong, flat)
-    assert verdict.label == "inconclusive" and "spread on target_logit is 0" in verdict.reasons[0]
+    assert verdict.label == "pass" and "spread on target_logit is 0" in verdict.reasons[0]
+    assert "rank instead: 1 of 4, p = 0.25 (3 controls cannot reach p <= 0.05; 19 can)." in verdict.reasons[0]
     assert verdict.z["target_logit"] is None and verdict.z["loss"] == pytest.approx((1.0 - 0.2) / np.std([0.1, 0.2, 0.3]))
     assert closure_verdict(strong, flat, headline="loss").label == "pass"  # the loss spread is real
     assert closure_verdict(strong, flat, min_controls=4, headline="loss").label == "inconclusive"
+    assert closure_verdict(strong, flat, min_controls=4).label == "inconclusive"  # too few sets, spread or none
 
 
-def test_closure_verdict_zero_spread_decides_by_rank():
+def test_closure_verdict_zero_spread_takes_the_rules_limit_and_gives_rank_and_p():
     # a hand-wired model: 20 control sets leave the answer alone to rounding, the true circuit removes it
     flat = {"loss": [1e-7 * (i % 3) for i in range(20)], "top1": [0.0] * 20, "target_logit": [-1e-7] * 20}
     circuit = {"loss": 5.0, "top1": -0.9, "target_logit": -10.0}
@@ -131,16 +133,15 @@ def test_closure_verdict_zero_spread_decides_by_rank():
         verdict = closure_verdict(circuit, flat, rule=rule)
         assert verdict.label == "pass", verdict.reasons
         assert verdict.z["target_logit"] is None
-        assert "no z exists; the verdict rests on the rank: 1 of 21, p = 0.0476" in verdict.reasons[0]
+        assert verdict.reasons[0].endswith("no z exists; the verdict reads the rank instead: 1 of 21, p = 0.0476.")
     # a group that does nothing beyond the controls: beyond them only by rounding, or not damage at all
     assert closure_verdict({**circuit, "target_logit": -1e-7 - 1e-9}, flat).label == "fail"
     assert closure_verdict({**circuit, "target_logit": -1e-7 - 1e-9}, flat).reasons[-1].endswith("more than rounding.")
     idle = closure_verdict({"loss": 0.0, "top1": 0.0, "target_logit": 0.0}, {**flat, "target_logit": [-11.5] * 20})
     assert idle.label == "fail" and "loss delta +0 is not damage." in idle.reasons
-    # 18 controls cannot reach p <= 0.05 (the smallest p is 1/19): no verdict, whatever the candidate does
-    few = {m: v[:18] for m, v in flat.items()}
-    verdict = closure_verdict(circuit, few)
-    assert verdict.label == "inconclusive" and "18 controls cannot reach p <= 0.05" in verdict.reasons[-1]
+    # 9 controls (a 2 x 4 model's matched sets for one head per layer): the same limit, and the p it cannot reach
+    few = closure_verdict(circuit, {m: v[:9] for m, v in flat.items()})
+    assert few.label == "pass" and "1 of 10, p = 0.1 (9 controls cannot reach p <= 0.05; 19 can)." in few.reasons[0]
 
 
 def _reference_deltas(baseline: dict, candidate: dict, controls: list[dict], metrics: dict[str, str]):
