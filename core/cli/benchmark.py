@@ -238,10 +238,11 @@ def report_markdown(report: dict, figures: dict[str, str] | None = None) -> str:
         verdicts = ", ".join(f"{k}: {v}" for k, v in sorted(acc["verdicts"].items()))
         right = "-" if acc["rate"] is None else f"{acc['correct']}/{acc['n_judged']} ({acc['rate']:.0%}; not tested: not judged)"
         out.append(f"| {kind} | {acc['n']} | {acc['expected'] or 'none (a proposal)'} | {verdicts} | {right} |")
-    out += ["", "Per group: the target-logit delta of ablating the group, its controls' mean and sd, z, the verdicts "
-            "(the first reason when not a pass).", "",
-            "| model | group | heads | controls | delta logit | controls | z logit | verdict (paper) | verdict (reference) "
-            "| right | why |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    out += ["", "Per group: the target-logit delta of ablating the group, its controls' mean and sd, its rank among "
+            "them (1 = most damaging) with p, z (none where the controls do not vary), the verdicts (the first reason "
+            "when not a pass).", "",
+            "| model | group | heads | controls | delta logit | controls | rank (p) | z logit | verdict (paper) "
+            "| verdict (reference) | right | why |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for result in report["results"]:
         for d in result["disposals"]:
             logit = d["metrics"].get("target_logit", {}) if d["metrics"] else {}
@@ -249,9 +250,12 @@ def report_markdown(report: dict, figures: dict[str, str] | None = None) -> str:
             controls = ("-" if logit.get("control_mean") is None else
                         f"{logit['control_mean']:.3g} ± {logit['control_std']:.3g}")
             why = "" if d["verdict_paper"] == "pass" or not d["reasons"] else _md(d["reasons"][0])
+            rank = ("-" if logit.get("rank") is None else
+                    f"{logit['rank']} of {logit['n_controls'] + 1} ({logit['p']:.3g})")
             out.append(f"| {result['case']['name']} | {d['kind']}: {d['label']} | {', '.join(d['heads'])} | "
                        f"{d['n_controls']} {d['controls']} | {_fmt(logit.get('candidate_delta'), 3)} | {controls} | "
-                       f"{_fmt(logit.get('z'), 2)} | {d['verdict_paper']} | {d['verdict_reference']} | {right} | {why} |")
+                       f"{rank} | {_fmt(logit.get('z'), 2)} | {d['verdict_paper']} | {d['verdict_reference']} | "
+                       f"{right} | {why} |")
     out += ["", "## Goals (issue 34)", "", "| goal | model | method | value | met |", "|---|---|---|---|---|"]
     for g in goals(report):
         out.append(f"| {g['goal']} | {g['model']} | {g['method']} | {_fmt(g['value'])} | {'yes' if g['met'] else 'no'} |")

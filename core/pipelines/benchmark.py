@@ -77,7 +77,7 @@ from core.tasks.counterfactual import PatchPair
 from core.workspace import atomic_write_json, cache_dir, zoo_dir
 from core.zoo.known import CIRCUIT_FILE, KNOWN_MODELS, known_circuit, known_kind
 
-BENCHMARK_VERSION = "1"
+BENCHMARK_VERSION = "2"  # bump when a stored item changes (2: closure verdicts read the rank where controls do not vary)
 CACHE_KIND = "benchmark"
 GROUP_KINDS = ("truth", "proposal", "random", "distractor")
 EXPECTED = {"truth": "causal", "random": "not causal", "distractor": "not causal", "proposal": None}
@@ -571,8 +571,10 @@ def _disposal_record(case: BenchmarkCase, x: _Loaded, kind: str, label: str, hea
         disposal = dispose(x.model, x.batch, CircuitProposal(label, heads, kind), ablation)
     truth = set(case.truth)
     overlap = len(truth & set(heads))
+    measured = [m["n_controls"] for m in disposal.metrics.values() if m.get("n_controls") is not None]
     return {"kind": kind, "label": label, "heads": [head_name(h) for h in heads], "controls": ablation.controls,
-            "n_controls": ablation.n_controls, "mode": ablation.mode, "verdict_paper": disposal.verdict_paper,
+            "n_controls": measured[0] if measured else ablation.n_controls,  # distinct sets, at most those asked for
+            "n_controls_requested": ablation.n_controls, "mode": ablation.mode, "verdict_paper": disposal.verdict_paper,
             "verdict_reference": disposal.verdict_reference, "metrics": disposal.metrics,
             "reasons": list(disposal.reasons), "true_heads_in_group": overlap,
             "precision": overlap / len(heads), "recall": overlap / len(truth)}

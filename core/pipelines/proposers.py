@@ -64,10 +64,11 @@ class CircuitProposal:
 
 @dataclass(frozen=True)
 class Disposal(JsonResult):
-    """The closure test of one proposal: per-metric candidate delta, control mean/std and z; verdicts."""
+    """The closure test of one proposal: per-metric candidate delta, control mean/std, rank and p among the
+    controls, z; verdicts."""
 
     proposal: CircuitProposal
-    metrics: dict            # metric -> {"candidate_delta", "control_mean", "control_std", "z"}
+    metrics: dict            # metric -> {"candidate_delta", "control_mean", "control_std", "rank", "p", "n_controls", "z"}
     verdict_paper: str       # "pass" | "fail" | "fails in the wrong direction" | "not tested"
     verdict_reference: str
     reasons: tuple[str, ...]
@@ -243,7 +244,7 @@ def dispose(model: Any, batch: Any, proposal: CircuitProposal, settings: Ablatio
     if len(proposal.heads) == 0:
         return Disposal(proposal, {}, "not tested", "not tested", (proposal.rationale,))
     result = ablation_study(model, batch, proposal.heads, settings)
-    metrics = {m: {k: s.get(k) for k in ("candidate_delta", "control_mean", "control_std", "z")}
+    metrics = {m: {k: s.get(k) for k in ("candidate_delta", "control_mean", "control_std", "rank", "p", "n_controls", "z")}
                for m, s in result.stats.items()}
     paper, reference = result.verdicts["closure_paper"], result.verdicts["closure_reference"]
     return Disposal(proposal, metrics, paper.label, reference.label, tuple(paper.reasons) + tuple(result.notes))
