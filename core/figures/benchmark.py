@@ -68,9 +68,9 @@ def score_table_figure(report: dict, measure: str = "roc_auc", level: str = "hea
     if published:  # a rule between HeadLab's rows and the published ones
         fig.add_hline(y=len(methods) - 0.5, line_color="#333", line_width=2)
     fig.update_yaxes(autorange="reversed", automargin=True)
-    fig.update_xaxes(side="top", automargin=True)
-    height = 140 + 34 * len(y)
-    fig.update_layout(template=SCREEN, height=height, margin=dict(l=20, t=150),
+    fig.update_xaxes(side="bottom", tickangle=-30, automargin=True)  # labels under the cells, clear of the title
+    height = 200 + 34 * len(y)
+    fig.update_layout(template=SCREEN, height=height, margin=dict(l=20, t=90),
                       title=f"known circuits: {level} {MEASURE_LABELS[measure]}"
                       + ("<br><sup>below the rule: published edge ROC AUC, other models</sup>" if published else ""))
     data = [{"method": r["method"], "task": r["task"], "measure": measure, "mean": r.get("mean"), "low": r.get("low"),
