@@ -172,7 +172,6 @@ class ForwardShape:
         return cls(n_heads=int(cfg.n_heads), d_model=d_model, d_mlp=d_mlp, d_vocab=int(cfg.d_vocab),
                    element_size=element_size(model_dtype(model)))
 
-
     @classmethod
     def of_config(cls, config: Any, dtype: torch.dtype = torch.float32) -> "ForwardShape":
         """The shape a Hugging Face config describes, in `dtype`: for estimates before any weight is loaded."""

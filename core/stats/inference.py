@@ -247,7 +247,7 @@ def _too_few_controls(candidate: float, controls: Sequence[float], metric: str, 
             "Choose fewer heads, the other control kind, or a model with more heads.")
 
 
-def _rank_closure(cand: dict, ctrl: dict, metrics: list[str], head_metric: str, rule_text: str, z: dict,
+def _closure_without_spread(cand: dict, ctrl: dict, metrics: list[str], head_metric: str, rule_text: str, z: dict,
                   alpha: float = RANK_P_ALPHA) -> Verdict:
     """Closure where the controls' spread on the headline metric is zero, so no z exists.
 
@@ -268,13 +268,11 @@ def _rank_closure(cand: dict, ctrl: dict, metrics: list[str], head_metric: str, 
                + ("." if rp.n_controls >= controls_for_p(alpha) else
                   f" ({rp.n_controls} controls cannot reach p <= {alpha:g}; {controls_for_p(alpha)} can)."),
                _control_values(candidate, controls, head_metric)]
-    damaging = all(is_damaging(metric, cand[metric]) for metric in metrics)
-    for metric in metrics:
-        if not is_damaging(metric, cand[metric]):
-            reasons.append(f"{metric} delta {cand[metric]:+.4g} is not damage.")
+    not_damage = [metric for metric in metrics if not is_damaging(metric, cand[metric])]
+    reasons += [f"{metric} delta {cand[metric]:+.4g} is not damage." for metric in not_damage]
     if not beyond:
         reasons.append(f"the candidate's {head_metric} delta does not lie beyond every control's by more than rounding.")
-    passed = damaging and beyond
+    passed = not not_damage and beyond
     if passed:
         reasons.append(f"every delta is damage and the candidate is more damaging than all {rp.n_controls} controls.")
     return Verdict("pass" if passed else "fail", rule_text, tuple(reasons), z)
@@ -296,7 +294,7 @@ def closure_verdict(
     control range on the damaging side. Either rule: delta loss < 0 with z_loss < -threshold is
     "fails in the wrong direction" (the ablation improves the model far beyond the controls).
     Either rule is "inconclusive" with fewer than min_controls distinct control sets. Where the controls'
-    spread on the headline metric is zero (no z), either rule takes its limit (`_rank_closure`): a pass
+    spread on the headline metric is zero (no z), either rule takes its limit (`_closure_without_spread`): a pass
     needs every delta damaging and the candidate beyond every control by more than rounding, and the
     verdict gives the rank and p in place of the z.
     """
@@ -323,8 +321,8 @@ def closure_verdict(
     too_few = _too_few_controls(cand[head_metric], ctrl[head_metric], head_metric, min_controls)
     if too_few:
         return Verdict("inconclusive", rule_text, too_few, z)
-    if z[head_metric] is None:  # controls that all change the headline metric alike: the rank decides
-        return _rank_closure(cand, ctrl, metrics, head_metric, rule_text, z)
+    if z[head_metric] is None:  # controls that all change the headline metric alike: the rules' limit, rank and p
+        return _closure_without_spread(cand, ctrl, metrics, head_metric, rule_text, z)
     reasons = []
     if "loss" in cand and cand["loss"] < 0 and z["loss"] is not None and z["loss"] < -z_threshold:
         reasons.append(
