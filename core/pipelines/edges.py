@@ -30,6 +30,7 @@ from core.tasks.counterfactual import InductionCounterfactualSpec, PatchPair
 from core.tasks.probe_file import ProbeFile
 
 # progress(stage, done, total): stage is "scores", "curve" or "controls"
+SCORE_FLOOR = 1e-6  # of the largest |score|: below it an EAP / EAP-IG score is rounding, not a discovered edge
 StageProgress = Callable[[str, int, int], None]
 
 
@@ -38,7 +39,7 @@ class EdgePlan(JsonResult):
     """What an edge run does besides scoring.
 
     method: "eap", "eap-ig" or "acdc"; ig_steps: EAP-IG's interpolations; threshold: ACDC's;
-    top: the edges of largest |score| that form the discovered set (EAP, EAP-IG) and are listed;
+    top: the edges of largest |score| that form the discovered set (EAP, EAP-IG; those above SCORE_FLOOR) and are listed;
     curve: also the faithfulness curve over `fractions`; n_controls, control_seed: the
     matched-random edge sets the discovered set is compared with (0: none).
     """
@@ -82,10 +83,13 @@ class EdgeReport(JsonResult):
 
 
 def discovered_edges(scores: EdgeScores, plan: EdgePlan) -> np.ndarray:
-    """[edge] bool: ACDC's kept edges, or the plan's top edges by |score|."""
+    """[edge] bool: ACDC's kept edges, or the plan's top edges by |score| whose |score| exceeds SCORE_FLOOR of
+    the largest: an edge whose patching moves the metric by rounding alone is not discovered (on a hand-wired
+    model most edges score 1e-17, and a fixed top-k would fill up with them in edge order)."""
     if scores.kept is not None:
         return np.asarray(scores.kept, dtype=bool)
-    return top_edges(scores.scores, min(int(plan.top), scores.scores.size))
+    magnitude = np.abs(np.asarray(scores.scores, dtype=np.float64))
+    return top_edges(magnitude, min(int(plan.top), magnitude.size)) & (magnitude > SCORE_FLOOR * magnitude.max())
 
 
 def score_edges(model: Any, pair: PatchPair, settings: EdgeSettings, plan: EdgePlan,
@@ -118,7 +122,11 @@ def run_edges(model: Any, pair: PatchPair, settings: EdgeSettings = EdgeSettings
         seconds["controls"] = time.perf_counter() - start
     elif not keep.any():
         notes.append(f"ACDC kept no edge at threshold {plan.threshold}: nothing to test against controls; "
-                     "lower --threshold.")
+                     "lower --threshold." if plan.method == "acdc" else
+                     "no edge scores above rounding: nothing to test against controls.")
+    if plan.method != "acdc" and int(keep.sum()) < min(int(plan.top), keep.size):
+        notes.append(f"{int(keep.sum())} of the top {plan.top} edges score above {SCORE_FLOOR:g} of the largest |score|; "
+                     "the discovered set holds those alone (the rest move the metric by rounding).")
     edges = tuple(scores.edges[i] for i in np.nonzero(keep)[0])
     heads = tuple(EdgeGraph.from_summary(scores.graph).heads_of(keep))
     notes += list(pair.spec.get("notes", ()))

@@ -1,12 +1,13 @@
-"""The edge graph, edge sets and curve arithmetic on hand-counted cases (no model)."""
+"""The edge graph, edge sets, the discovered set and curve arithmetic on hand-counted cases (no model)."""
 
 import numpy as np
 import pytest
 
-from core.ablation.edges import Edge, EdgeGraph, matched_random_edge_sets, top_edges
+from core.ablation.edges import Edge, EdgeGraph, EdgeScores, matched_random_edge_sets, top_edges
 from core.ablation.edges.acdc import check_threshold
 from core.ablation.edges.faithfulness import curve_areas, edge_set_verdict, edges_for_fraction
 from core.errors import HeadLabError
+from core.pipelines.edges import EdgePlan, discovered_edges
 
 
 def hand_count(n_layers: int, n_heads: int, parallel: bool) -> int:
@@ -121,3 +122,16 @@ def test_edge_set_verdict_needs_19_distinct_controls_and_10_pairs():
     assert edge_set_verdict({"rank": 1, "p": 1 / 6, "n_controls": 5}, True, 32).label == "inconclusive"
     assert edge_set_verdict(first, False, 32).label == "inconclusive"
     assert edge_set_verdict(first, True, 5).label == "inconclusive"
+
+
+def test_discovered_set_is_the_top_edges_above_rounding():
+    def scores(values, kept=None):
+        return EdgeScores("eap", "logit_diff", 1.0, 0.0, tuple(f"e{i}" for i in range(len(values))),
+                          np.asarray(values, dtype=np.float64), {}, {}, {}, {}, kept=kept)
+
+    values = [1e-17, -0.5, 1.0, 2e-10, 1e-3, 0.0]
+    assert discovered_edges(scores(values), EdgePlan(top=4)).tolist() == [False, True, True, False, True, False]
+    assert discovered_edges(scores(values), EdgePlan(top=2)).tolist() == [False, True, True, False, False, False]
+    assert not discovered_edges(scores([0.0, 0.0]), EdgePlan(top=2)).any()  # nothing scores: nothing discovered
+    kept = np.array([True, False, False, False, False, True])  # ACDC's kept edges stand as they are
+    assert discovered_edges(scores(values, kept), EdgePlan(method="acdc")).tolist() == kept.tolist()
