@@ -249,10 +249,9 @@ def show(ws, pairs, settings, key, report, circuit) -> None:
     if report.controls is not None:
         e = report.controls
         with right:
-            c = st.columns(2)
-            c[0].metric("verdict", e.verdict.label, help=e.verdict.rule)
-            c[1].metric("discovered set's faithfulness", f"{e.faithfulness:.3f}")
-            st.caption(format_rank_z(e.stats["rank"], e.stats["p"], e.stats["n_controls"], e.stats["z"])
+            st.metric("verdict", e.verdict.label, help=e.verdict.rule)  # the whole column: the labels are long
+            st.caption(f"discovered set's faithfulness {e.faithfulness:.3f}; "
+                       + format_rank_z(e.stats["rank"], e.stats["p"], e.stats["n_controls"], e.stats["z"])
                        + f"; random sets {e.stats['control_mean']:.3f} ± {e.stats['control_std']:.3f}. "
                        + " ".join(e.verdict.reasons))
             show_figure(edge_controls_strip(report), "graph_controls_fig")
