@@ -154,7 +154,7 @@ def choose_report() -> tuple[str, dict | None]:
     """The report the user picked (path shown), or None after an error was shown."""
     left, right = st.columns([1, 2])
     if st.button("Run the quick benchmark here", key="bench_run", icon=":material/play_arrow:",
-                 help="The hand-wired models with fewer pairs and controls (about 70 s on 2 cores; finished items are "
+                 help="The hand-wired models with fewer pairs and controls (about a minute on 2 cores; finished items are "
                       "cached, so a stopped run resumes). Written under $HEADLAB_HOME/reports/benchmark-quick."):
         try:
             run_quick()
