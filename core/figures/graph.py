@@ -299,11 +299,11 @@ def edge_controls_strip(report_or_controls: Any) -> FigureBundle:
                      showgrid=False)
     fig.update_yaxes(title_text="faithfulness (full model 1, empty 0)")
     s = controls.stats
-    fig.update_layout(template=SCREEN, height=380,
+    fig.update_layout(template=SCREEN, height=420,
                       title=f"{len(controls.edges)} edges vs {values.size} random sets: {controls.verdict.label}"
                             + f"<br><sup>{rank_z_title(s['rank'], s['p'], values.size, s['z'])}</sup>")
     _legend_on_top(fig)
-    fig.update_layout(height=420, margin=dict(t=125), title=dict(y=0.96))  # room for the title's second line
+    fig.update_layout(margin=dict(t=125), title=dict(y=0.96))  # room for the title's second line
     rows = [{"condition": f"random set {i}", "faithfulness": float(v)} for i, v in enumerate(values)]
     rows.append({"condition": "discovered set", "faithfulness": float(controls.faithfulness), **s,
                  "verdict": controls.verdict.label})

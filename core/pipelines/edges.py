@@ -29,8 +29,8 @@ from core.results import JsonResult
 from core.tasks.counterfactual import InductionCounterfactualSpec, PatchPair
 from core.tasks.probe_file import ProbeFile
 
-# progress(stage, done, total): stage is "scores", "curve" or "controls"
 SCORE_FLOOR = 1e-6  # of the largest |score|: below it an EAP / EAP-IG score is rounding, not a discovered edge
+# progress(stage, done, total): stage is "scores", "curve" or "controls"
 StageProgress = Callable[[str, int, int], None]
 
 
@@ -120,13 +120,14 @@ def run_edges(model: Any, pair: PatchPair, settings: EdgeSettings = EdgeSettings
         start = time.perf_counter()
         controls = edge_controls(model, pair, keep, settings, plan.n_controls, plan.control_seed, stage("controls"))
         seconds["controls"] = time.perf_counter() - start
-    elif not keep.any():
+    elif not keep.any() and plan.method == "acdc":
         notes.append(f"ACDC kept no edge at threshold {plan.threshold}: nothing to test against controls; "
-                     "lower --threshold." if plan.method == "acdc" else
-                     "no edge scores above rounding: nothing to test against controls.")
-    if plan.method != "acdc" and int(keep.sum()) < min(int(plan.top), keep.size):
-        notes.append(f"{int(keep.sum())} of the top {plan.top} edges score above {SCORE_FLOOR:g} of the largest |score|; "
-                     "the discovered set holds those alone (the rest move the metric by rounding).")
+                     "lower --threshold.")
+    n_kept = int(keep.sum())
+    if plan.method != "acdc" and n_kept < min(int(plan.top), keep.size):
+        notes.append(f"{n_kept} of the top {plan.top} edges score above {SCORE_FLOOR:g} of the largest |score|; "
+                     "the discovered set holds those alone (the rest move the metric by rounding)"
+                     + ("; nothing to test against controls." if not n_kept else "."))
     edges = tuple(scores.edges[i] for i in np.nonzero(keep)[0])
     heads = tuple(EdgeGraph.from_summary(scores.graph).heads_of(keep))
     notes += list(pair.spec.get("notes", ()))
