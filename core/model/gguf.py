@@ -1,0 +1,182 @@
+"""A GGUF file (llama.cpp's quantized format) imported once as a zoo model.
+
+transformers dequantizes GGUF through the `gguf` package (`from_pretrained(folder, gguf_file=...)`),
+which takes seconds to a minute. HeadLab does that once and writes a plain zoo model: safetensors
+weights in float32, a config.json without the quantizer record (else every later load would try to
+dequantize again), the tokenizer beside them, and a manifest that names the source file, its
+SHA-256, the quantization type and the licence. Every later load is the ordinary safetensors load
+of core/model/loading.py: an imported model is one more model source, not a second code path.
+
+What HeadLab finds in an imported model is found in the *quantized* model: a 4-bit quantization's
+weights differ from the full-precision release, and so may its heads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import gguf
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+
+from core.errors import HeadLabError
+from core.model.loading import load_model
+from core.model.refs import MANIFEST, ModelRef, zoo_model_dir
+from core.results import package_versions
+from core.workspace import atomic_directory, atomic_write_json
+
+IMPORT_REVISION = "main"  # an imported model has one checkpoint, its release; its training position is unknown
+IMPORT_KIND = "imported"
+GGUF_MAGIC = b"GGUF"
+
+
+def file_sha256(path: Path, chunk: int = 2**22) -> str:
+    """SHA-256 of a file, read in chunks (a 250 MB GGUF never sits in memory whole)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_gguf_header(path: Path) -> dict:
+    """The facts an import needs from a GGUF header, checked before any tensor is dequantized.
+
+    Returns architecture, quantization (llama.cpp's file type name, e.g. MOSTLY_Q4_1), model name,
+    licence, and whether the file carries a tokenizer. Raises HeadLabError for a file that is not
+    GGUF, is truncated, has an architecture transformers cannot dequantize, or has no tokenizer.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise HeadLabError(f"GGUF file {path} does not exist; give the path of a .gguf file.")
+    with open(path, "rb") as handle:
+        magic = handle.read(4)
+    if magic != GGUF_MAGIC:
+        raise HeadLabError(f"{path} is not a GGUF file (it does not start with 'GGUF'); give a llama.cpp .gguf file.")
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as exc:  # the gguf reader raises ValueError, IndexError, struct errors on a cut file
+        raise HeadLabError(
+            f"GGUF file {path} is truncated or corrupt ({type(exc).__name__}); download it again and check its SHA-256."
+        ) from None
+    fields = reader.fields
+
+    def field(key: str) -> Any:
+        return fields[key].contents() if key in fields else None
+
+    architecture = field("general.architecture")
+    if architecture not in GGUF_CONFIG_MAPPING or architecture in ("general", "tokenizer"):
+        supported = ", ".join(sorted(k for k in GGUF_CONFIG_MAPPING if k not in ("general", "tokenizer")))
+        raise HeadLabError(
+            f"GGUF file {path} holds a {architecture!r} model, which transformers cannot dequantize "
+            f"(it reads {supported}); convert the model to a Hugging Face folder and give that folder instead."
+        )
+    if "tokenizer.ggml.tokens" not in fields:
+        raise HeadLabError(
+            f"GGUF file {path} carries no tokenizer (no tokenizer.ggml.tokens); HeadLab needs the model's own "
+            "tokenizer to build prompts: use a GGUF export that includes it."
+        )
+    file_type = field("general.file_type")
+    try:
+        quantization = gguf.LlamaFileType(file_type).name if file_type is not None else "unknown"
+    except ValueError:
+        quantization = f"file_type {file_type}"
+    return {"architecture": architecture, "quantization": quantization, "model_name": field("general.name"),
+            "licence": field("general.license")}
+
+
+def import_gguf(path: Path, name: str, source: dict | None = None,
+                progress: Callable[[str], None] | None = None) -> Path:
+    """Dequantize GGUF file `path` into zoo model `name` (float32 safetensors), once; return its folder.
+
+    `source` adds provenance to the manifest (the package and wheel it came from, its licence file).
+    The folder appears complete or not at all (atomic_directory): a run cut off leaves nothing
+    under the model's name. The saved model is loaded back through HeadLab's loader before it is
+    renamed into place, so an import that would not load is never listed.
+    """
+    path = Path(path).expanduser().resolve()
+    final = zoo_model_dir(name)  # a plain folder name, checked
+    say = progress or (lambda message: None)
+    header = read_gguf_header(path)
+    say(f"hashing {path.name}")
+    sha256 = file_sha256(path)
+    say(f"dequantizing {path.name} ({header['quantization']}, {header['architecture']}) with transformers' GGUF loader")
+    model, tokenizer = _dequantize(path)
+    with atomic_directory(final) as tmp:
+        checkpoint = tmp / "checkpoints" / IMPORT_REVISION
+        say(f"writing float32 safetensors to {final}")
+        _save_plain(model, tokenizer, checkpoint)
+        config = json.loads((checkpoint / "config.json").read_text())
+        atomic_write_json(tmp / MANIFEST, _manifest(name, config, header, path, sha256, source or {}))
+        say("loading the written model back to check it")
+        _check_loads(tmp)
+    return final
+
+
+def _dequantize(path: Path) -> tuple[Any, Any]:
+    """The GGUF model dequantized to float32, and its tokenizer, both through transformers."""
+    folder, file_name = str(path.parent), path.name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file_name)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file_name, dtype=torch.float32)
+    except MemoryError:
+        raise HeadLabError(f"not enough memory to dequantize {path}; close other programs and retry.") from None
+    except Exception as exc:
+        raise HeadLabError(
+            f"transformers could not dequantize {path} ({type(exc).__name__}: {str(exc)[:200]}); check the file's "
+            "SHA-256 against its source, or convert it to a Hugging Face folder and give that folder."
+        ) from None
+    return model.eval(), tokenizer
+
+
+def _save_plain(model: Any, tokenizer: Any, folder: Path) -> None:
+    """Save a dequantized model as a plain Hugging Face folder.
+
+    `save_pretrained` refuses a GGUF-loaded model (it still carries the quantizer), so a fresh model
+    of the same config, without the quantization record, takes its state dict and is saved instead.
+    """
+    config_dict = model.config.to_dict()
+    config_dict.pop("quantization_config", None)
+    config_dict.pop("_name_or_path", None)
+    config = AutoConfig.for_model(**config_dict)
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(model.state_dict(), assign=True, strict=True)
+    plain.tie_weights()
+    folder.mkdir(parents=True, exist_ok=True)
+    plain.save_pretrained(str(folder), safe_serialization=True)
+    tokenizer.save_pretrained(str(folder))
+    saved = json.loads((folder / "config.json").read_text())
+    if "quantization_config" in saved:  # belt and braces: a later load must never dequantize again
+        saved.pop("quantization_config")
+        atomic_write_json(folder / "config.json", saved)
+
+
+def _manifest(name: str, config: dict, header: dict, path: Path, sha256: str, source: dict) -> dict:
+    """The zoo manifest of an imported model: one checkpoint, its shape, and where it came from."""
+    text = config.get("text_config") or config
+    shape = {"n_layers": text.get("num_hidden_layers"), "n_heads": text.get("num_attention_heads"),
+             "n_kv_heads": text.get("num_key_value_heads"), "d_model": text.get("hidden_size"),
+             "d_head": text.get("head_dim"), "vocab_size": text.get("vocab_size")}
+    return {
+        "name": name, "family": config.get("model_type"), "task": None, "kind": IMPORT_KIND,
+        "config": {"model": shape, "train": None},
+        "checkpoints": [{"revision": IMPORT_REVISION, "step": 0, "tokens": -1, "loss": None}],
+        "curves": {}, "final": {}, "train_seconds": None, "complete": True, "threads": None,
+        "source": {"file": path.name, "path": str(path), "sha256": sha256, "bytes": path.stat().st_size,
+                   "format": "gguf", "architecture": header["architecture"], "quantization": header["quantization"],
+                   "model_name": header["model_name"], "licence": source.get("licence") or header["licence"],
+                   "dtype": "float32", **{k: v for k, v in source.items() if k != "licence"}},
+        "note": (f"dequantized from a {header['quantization']} GGUF: what HeadLab finds here is found in the quantized "
+                 "model, which may differ from the full-precision release"),
+        "versions": package_versions(),
+    }
+
+
+def _check_loads(folder: Path) -> None:
+    """Load the written folder through HeadLab's own loader (config, safetensors checks, bridge)."""
+    load_model(ModelRef(str(folder), "local"))
