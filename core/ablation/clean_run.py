@@ -4,19 +4,29 @@ The engine (engine.py) reruns only the blocks from each condition's lowest ablat
 takes, during the clean forward, what those blocks receive (the residual entering them, their call's
 arguments) and a parallel-residual block's clean z. `CleanRuns` keeps one such record for the next
 study on the same model and probe batch: the lab's every click, and every call to a Ray ablation
-worker, starts from the same clean forward.
+worker, starts from the same clean forward. Given a disk key (`clean_run_key`, built like the probe
+cache's: model, revision, probe spec, weights fingerprint, dtype), a kept run is also written to
+core's disk cache (core/store.py) and read back by the next process or server that asks for it.
 """
 
 from __future__ import annotations
 
 import weakref
+from types import SimpleNamespace
 from typing import Any, Iterable
 
 import torch
 from transformer_lens.model_bridge.generalized_components import ParallelBlockBridge
 
-from core.model.hooks import hook_name
+from core.errors import HeadLabError
+from core.model.hooks import hook_name, model_device
+from core.model.loading import DEFAULT_DTYPE, dtype_name
 from core.model.memory import ForwardShape
+from core.model.refs import ModelRef, weights_fingerprint
+from core.store import cache_key, canonical_json, load_entry, save_entry
+
+CLEAN_RUN_KIND = "clean-run"
+CLEAN_RUN_VERSION = "1"  # bump when what Recorder keeps (or how it is written) changes
 
 def block_input(args: tuple, kwargs: dict) -> torch.Tensor:
     return args[0] if args else kwargs["hidden_states"]
@@ -119,21 +129,134 @@ class CleanRuns:
     changed after it is made (a new one replaces it), so studies on several threads may share one.
     """
 
-    def __init__(self):
+    def __init__(self, disk_key: str | None = None):
         # (weak reference to the model, tokens, query_pos, attention_mask, recorder, clean query logits);
         # weak, so a cache that drops the model frees it
         self._held: tuple | None = None
+        self.disk_key = disk_key  # clean_run_key(...) of the one model and probe this keeper serves, or None
+        self.source = ""  # where the held run came from: "" (none), "recorded" or "disk"
 
     def find(self, model: Any, batch: Any) -> tuple[Recorder, torch.Tensor] | None:
-        """(recorder, clean logits at the query [row, vocab]) kept for this model and batch, else None."""
+        """(recorder, clean logits at the query [row, vocab]) kept for this model and batch, else None
+        (looked up on disk when this keeper has a disk key and holds nothing for them)."""
         held = self._held
         if held is None or held[0]() is not model or not _same_batch(batch, held[1:4]):
-            return None
+            loaded = None if self.disk_key is None else load_clean_run(self.disk_key, batch, model)
+            if loaded is None:
+                return None
+            self._hold(model, batch, *loaded)
+            self.source = "disk"
+            held = self._held
         return held[4], held[5]
 
     def hold(self, model: Any, batch: Any, recorder: Recorder, clean_q: torch.Tensor) -> None:
+        """Keep this run (and write it to disk when this keeper has a disk key; a cache that cannot be
+        written keeps it in memory only)."""
+        self._hold(model, batch, recorder, clean_q)
+        self.source = "recorded"
+        if self.disk_key is not None:
+            try:
+                save_clean_run(self.disk_key, batch, recorder, clean_q)
+            except (HeadLabError, _NotSavable):
+                pass  # the run is still kept here; only the next process records its own
+
+    def _hold(self, model: Any, batch: Any, recorder: Recorder, clean_q: torch.Tensor) -> None:
         self._held = (weakref.ref(model), batch.tokens, batch.query_pos, getattr(batch, "attention_mask", None),
                       recorder, clean_q)
+
+
+# ---------------------------------------------------------------------------------------------
+# on disk: the record's tensors in one safetensors file, the structure of the blocks' call arguments in JSON
+
+
+class _NotSavable(Exception):
+    """A recorded call argument of a type the disk format does not take (the run stays in memory only)."""
+
+
+def clean_run_key(ref: ModelRef | str, revision: str | None, probe_spec: dict,
+                  dtype: str | torch.dtype = DEFAULT_DTYPE) -> str:
+    """The disk key of a checkpoint's clean run on a probe: built as core.probe.head_stats_key builds the
+    probe cache's (the model, its revision, the batch's spec with provenance, the weights' fingerprint, the dtype)."""
+    model_id = ref.to_json() if isinstance(ref, ModelRef) else str(ref)
+    extra = {"weights": weights_fingerprint(ref, revision), "dtype": dtype_name(dtype)}
+    return cache_key(CLEAN_RUN_KIND, canonical_json(model_id), revision, probe_spec, CLEAN_RUN_VERSION, extra)
+
+
+def _encode(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """A call argument as JSON; its tensors go into `tensors` (copied: safetensors refuses shared storage)."""
+    if isinstance(value, torch.Tensor):
+        name = f"arg{len(tensors)}"
+        tensors[name] = value.detach().clone()
+        return {"tensor": name}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return {"value": value}
+    if isinstance(value, (tuple, list)):
+        return {"tuple" if isinstance(value, tuple) else "list": [_encode(v, tensors) for v in value]}
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {"dict": {k: _encode(v, tensors) for k, v in value.items()}}
+    raise _NotSavable(type(value).__name__)
+
+
+def _decode(node: dict, tensors: dict[str, torch.Tensor], device: torch.device) -> Any:
+    if "tensor" in node:
+        return tensors[node["tensor"]].to(device)
+    if "value" in node:
+        return node["value"]
+    if "tuple" in node:
+        return tuple(_decode(v, tensors, device) for v in node["tuple"])
+    if "list" in node:
+        return [_decode(v, tensors, device) for v in node["list"]]
+    return {k: _decode(v, tensors, device) for k, v in node["dict"].items()}
+
+
+def save_clean_run(key: str, batch: Any, recorder: Recorder, clean_q: torch.Tensor) -> None:
+    """Write a kept clean run under `key` (core.store: atomic, integrity-checked; an entry in place is kept)."""
+    tensors: dict[str, torch.Tensor] = {"clean_q": clean_q.detach().clone(), "tokens": batch.tokens.detach().clone(),
+                                        "query_pos": batch.query_pos.detach().clone()}
+    mask = getattr(batch, "attention_mask", None)
+    if mask is not None:
+        tensors["attention_mask"] = mask.detach().clone()
+    calls = {str(layer): _encode(list(call), tensors) for layer, call in recorder.calls.items()}
+    for name, kept in (("input", recorder.inputs), ("z", recorder.z)):
+        for layer, tensor in kept.items():
+            tensors[f"{name}.{layer}"] = tensor.detach().clone()
+    if recorder.final is not None:
+        tensors["final"] = recorder.final.detach().clone()
+    meta = {"n_layers": recorder.n_layers, "lo": recorder.lo, "first": recorder.first, "keep": sorted(recorder.keep),
+            "z_layers": recorder.z_layers, "calls": calls}
+    save_entry(key, tensors, meta)
+
+
+def load_clean_run(key: str, batch: Any, model: Any) -> tuple[Recorder, torch.Tensor] | None:
+    """(recorder, clean query logits) stored under `key` for this batch, else None (absent, corrupt, another batch)."""
+    hit = load_entry(key)
+    if hit is None:
+        return None
+    tensors, meta = hit
+    mask = getattr(batch, "attention_mask", None)
+    held = (tensors["tokens"], tensors["query_pos"], tensors.get("attention_mask"))
+    on_cpu = SimpleNamespace(tokens=batch.tokens.cpu(), query_pos=batch.query_pos.cpu(),
+                             attention_mask=None if mask is None else mask.cpu())
+    if not _same_batch(on_cpu, held):
+        return None
+    device = model_device(model)
+    rec = Recorder.__new__(Recorder)
+    rec.model, rec.handles, rec.z_hooks = None, [], None
+    rec.n_layers, rec.lo, rec.first = int(meta["n_layers"]), int(meta["lo"]), int(meta["first"])
+    rec.keep, rec.z_layers = set(meta["keep"]), list(meta["z_layers"])
+    rec.inputs, rec.z = {}, {}
+    for name, tensor in tensors.items():
+        kind, _, layer = name.partition(".")
+        if kind == "input":
+            rec.inputs[int(layer)] = tensor.to(device)
+        elif kind == "z":
+            rec.z[int(layer)] = tensor.to(device)
+    rec.final = tensors["final"].to(device) if "final" in tensors else None
+    rec.calls = {}
+    for layer, node in meta["calls"].items():
+        rest, kwargs = _decode(node, tensors, device)
+        rec.calls[int(layer)] = rest, kwargs
+    return rec, tensors["clean_q"].to(device)
 
 
 def _same_batch(batch: Any, held: tuple) -> bool:
