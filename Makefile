@@ -1,6 +1,8 @@
 # HeadLab: `make app` sets everything up and starts the app; `make test` sets up and runs the suite.
 PYTHON ?= python3
 VENV := .venv
+# `make app PORT=8502` serves the app on another port
+PORT ?= 8501
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha256sum requirements.txt | cut -c1-12)
 
@@ -38,7 +40,7 @@ zoo: setup
 	$(PY) -m core zoo --preset quick
 
 app: setup browser zoo
-	$(VENV)/bin/streamlit run app.py --server.address 127.0.0.1 --server.port 8501 --server.headless true
+	$(VENV)/bin/streamlit run app.py --server.address 127.0.0.1 --server.port $(PORT) --server.headless true
 
 # The suite runs on TEST_WORKERS pytest-xdist workers (tests/conftest.py says how they share the work).
 TEST_WORKERS ?= 2

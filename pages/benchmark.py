@@ -154,8 +154,8 @@ def choose_report() -> tuple[str, dict | None]:
     """The report the user picked (path shown), or None after an error was shown."""
     left, right = st.columns([1, 2])
     if st.button("Run the quick benchmark here", key="bench_run", icon=":material/play_arrow:",
-                 help="The hand-wired models with fewer pairs and controls (about a minute on 2 cores; finished items are "
-                      "cached, so a stopped run resumes). Written under $HEADLAB_HOME/reports/benchmark-quick."):
+                 help="The hand-wired models with fewer pairs and controls (measured from a fresh HEADLAB_HOME: 57 s on an "
+                      "idle 2-core machine, 165 s on a busy one; finished items are cached, so a stopped run resumes). Written under $HEADLAB_HOME/reports/benchmark-quick."):
         try:
             run_quick()
         except HeadLabError as exc:
@@ -227,8 +227,8 @@ def show(report: dict) -> None:
     st.caption(f"heads {', '.join(choice['heads'])} · true circuit {', '.join(choice['truth'])} · {hits} of "
                f"{len(choice['heads'])} proposed heads are true · ablation type {choice['mode']}")
     if not built:
-        st.warning(f"{choice['model']} is not in the zoo ({zoo_dir()}); build it with python -m core benchmark "
-                   f"{choice['model']} --build, then open it here.")
+        st.warning(f"{choice['model']} is not in the zoo ({zoo_dir()}); build it with `python -m core known "
+                   f"--build {choice['model']}`, then open it here.")
 
 
 st.title("Known-circuit benchmark")
