@@ -51,13 +51,18 @@ with left:
     show_figure(selectivity_strip(sel[patterns.index(pattern)], pattern, report.model, report.probe_spec, ckpt.revision,
                                   here.threshold, floor), "screen_strip")
 with right:
-    show_figure(class_fractions_over_training(report.selectivity_by_checkpoint, patterns,
-                                              [c.tokens for c in report.checkpoints],
-                                              [c.revision for c in report.checkpoints], report.model,
-                                              report.probe_spec, here.threshold, ckpt.tokens), "screen_fractions")
+    if len(report.checkpoints) < 2:  # one checkpoint (an imported model): no course over training to draw
+        st.info(f"{report.model} has one checkpoint ({ckpt.revision}), so the share of heads per class over "
+                "training and its animation need a model with several checkpoints (a zoo model trained here, or "
+                "a hub model's revisions).")
+    else:
+        show_figure(class_fractions_over_training(report.selectivity_by_checkpoint, patterns,
+                                                  [c.tokens for c in report.checkpoints],
+                                                  [c.revision for c in report.checkpoints], report.model,
+                                                  report.probe_spec, here.threshold, ckpt.tokens), "screen_fractions")
 
-if st.toggle("Animate over training", key="screen_animate",
-             help="A play button steps the heatmap through every checkpoint; the sidebar slider picks one."):
+if len(report.checkpoints) > 1 and st.toggle("Animate over training", key="screen_animate",
+                                             help="A play button steps the heatmap through every checkpoint; the sidebar slider picks one."):
     show_figure(selectivity_animation(report.selectivity_by_checkpoint, patterns, pattern,
                                       [c.tokens for c in report.checkpoints], [c.revision for c in report.checkpoints],
                                       report.model, report.probe_spec), "screen_animation")

@@ -22,6 +22,10 @@ from core.heads import Head, head_name
 from core.results import provenance
 
 
+MIN_VERTICAL_COLORBAR_PX = 240  # a grid shorter than this draws its colour bar below it
+COLORBAR_PX = 320  # that bar's length: room for its five tick labels
+
+
 def head_grid(values: np.ndarray, selected: Iterable[Head], model: str, revision: str, title: str,
               value_label: str = "induction selectivity", log: bool = True,
               classes: np.ndarray | None = None) -> FigureBundle:
@@ -46,6 +50,13 @@ def head_grid(values: np.ndarray, selected: Iterable[Head], model: str, revision
         colorbar = dict(title=dict(text=value_label))
     is_sel = np.array([(int(l), int(h)) in selected for l, h in zip(flat_l, flat_h)])
     cell = int(min(GRID_CELL_PX, max(14, 960 // max(n_heads, 1))))  # px per head, so the squares tile the plot
+    plot_height = cell * n_layers
+    if plot_height < MIN_VERTICAL_COLORBAR_PX:  # a few layers: a vertical bar this short crowds its ticks; lay it below
+        colorbar.update(orientation="h", x=0, xanchor="left", y=-70 / plot_height, yanchor="top", thickness=14,
+                        lenmode="pixels", len=COLORBAR_PX, title=dict(text=value_label, side="top"))
+        margin = dict(l=60, r=max(40, COLORBAR_PX + 20 - cell * n_heads), t=50, b=140)
+    else:
+        margin = dict(l=60, r=150, t=50, b=55)  # r: room for the colour bar
     cls = [""] * len(names) if classes is None else [str(c) for c in np.asarray(classes, dtype=object).ravel()]
     hover = [f"{n}<br>{value_label}: {v:.3g}{'x' if log else ''}" + (f"<br>{c}" if c else "")
              for n, v, c in zip(names, values.ravel(), cls)]
@@ -58,13 +69,13 @@ def head_grid(values: np.ndarray, selected: Iterable[Head], model: str, revision
                               color=np.where(is_sel, "black", "#bbbbbb").tolist())),
         unselected=dict(marker=dict(opacity=0.55)),
     ))
-    if is_sel.any():  # a visible mark that survives the theme and print
+    if is_sel.any():  # a visible mark that survives the theme and print; not "x", which the screen uses for the null floor
         fig.add_trace(go.Scatter(x=flat_h[is_sel].tolist(), y=flat_l[is_sel].tolist(), mode="markers",
                                  name=f"selected ({int(is_sel.sum())})", hoverinfo="skip",
-                                 marker=dict(symbol="x-thin", size=12, line=dict(width=2.5, color="white"))))
-    margin = dict(l=60, r=150, t=50, b=55)  # r: room for the colour bar
+                                 marker=dict(symbol="circle", size=max(6, cell // 3), color="white",
+                                             line=dict(width=2, color="black"))))
     width = margin["l"] + margin["r"] + cell * n_heads
-    height = margin["t"] + margin["b"] + cell * n_layers
+    height = margin["t"] + margin["b"] + plot_height
     fig.update_layout(template=SCREEN, title=dict(text=title, font=dict(size=13)), height=height, width=width,
                       showlegend=False, margin=margin)
     _grid_axes(fig, n_layers, n_heads)
@@ -74,7 +85,7 @@ def head_grid(values: np.ndarray, selected: Iterable[Head], model: str, revision
                       selected=[head_name(h) for h in sorted(selected)])
     return FigureBundle("ablation-head-grid", fig, rows, prov,
                         "click a head to add it, click it again to remove it; Box / Lasso Select in the chart's "
-                        "toolbar adds every head you drag over; outlined heads are selected.",
+                        "toolbar adds every head you drag over; selected heads are outlined in black with a white dot.",
                         (PAPER_WIDTH, max(220, 60 * n_layers + 100)))
 
 
