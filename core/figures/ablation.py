@@ -100,7 +100,9 @@ def ablation_strip(result: Any, model: str, revision: str, metrics: Sequence[str
         entry = result.stats[m]
         ranked = entry.get("rank") is not None  # no rank: a running preview
         n = entry.get("n_controls", len(entry.get("control_deltas", ())))
-        titles.append(f"{m}: {rank_z_title(entry['rank'], entry['p'], n, entry.get('z'))}" if ranked else m)
+        # three short lines (metric, rank and p, z): four panels side by side leave each title ~250 px
+        titles.append(f"<b>{m}</b><br>" + rank_z_title(entry['rank'], entry['p'], n, entry.get('z')).replace(" · ", "<br>")
+                      if ranked else f"<b>{m}</b>")
     fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=titles, horizontal_spacing=0.08)
     rng = np.random.RandomState(0)  # fixed jitter: the same picture every time
     rows = []
@@ -147,10 +149,10 @@ def ablation_strip(result: Any, model: str, revision: str, metrics: Sequence[str
             rows.append({"metric": metric, "condition": "upper bound", "delta": float(entry["upper_bound_delta"])})
     n_ctrl = len(result.controls)
     fig.update_annotations(font_size=12)
-    fig.update_layout(axes, shapes=zero_lines, template=SCREEN, height=400,
+    fig.update_layout(axes, shapes=zero_lines, template=SCREEN, height=440,
                       title=f"ablating {result.selection} ({result.mode}) vs {n_ctrl} {result.control_sets.kind} controls")
     _legend_on_top(fig)
-    fig.update_layout(margin=dict(t=120), legend=dict(y=1.12))  # room for the subplot titles
+    fig.update_layout(margin=dict(t=150), legend=dict(y=1.25))  # room for the three-line subplot titles
     caption = ("deltas from the clean run, mean over probe examples; candidate with its 95% bootstrap interval; "
                "z = (candidate − control mean) / control std.")
     prov = provenance(figure="ablation_strip", model=model, revision=revision, selection=str(result.selection),

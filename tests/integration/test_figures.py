@@ -169,7 +169,7 @@ def test_ablation_strip_shows_candidate_controls_upper_bound_and_z():
     titles = [a.text for a in bundle.figure.layout.annotations]
     z_loss = result.stats["loss"]["z"]
     # rank and p lead; z from 3 controls (fewer than 10) is greyed
-    assert titles[0] == f"loss: rank 1/4, p = 0.25 · <span style='color:#aaaaaa'>z = {z_loss:+.3g} (3 ctrl)</span>"
+    assert titles[0] == f"<b>loss</b><br>rank 1/4, p = 0.25<br><span style='color:#aaaaaa'>z = {z_loss:+.3g} (3 ctrl)</span>"
     assert bundle.provenance["verdicts"]["recipe"]["label"] == result.verdicts["recipe"].label
 
 
