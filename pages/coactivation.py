@@ -12,7 +12,7 @@ from core.pipelines.closure import DEFAULT_N_CONTROLS
 from core.pipelines.coactivation import DEFAULT_N_NULL, DEFAULT_STRATA, CoactivationSettings, default_settings
 from core.stats.inference import METRICS, format_z
 from pages._cache import cached_proposal, checkpoint_stats, run_closure, stored_closure
-from pages._state import require_workspace, send_to_ablation_lab
+from pages._state import N_EXAMPLES, require_workspace, send_to_ablation_lab, set_choice
 from pages._widgets import export_buttons, guarded, new_pick, show_figure
 
 GRAPH_KEY = "coact_graph"
@@ -20,6 +20,25 @@ BEST = "best ARI"
 COMMUNITY = "coact_community"  # the community select box
 PROPOSAL = "_coact_proposal"  # the proposal settings of the last run (a new proposal starts at its candidate)
 CLOSURE = "coact_closure"  # the closure test on show (None: none yet)
+
+
+
+def _community_cells(row: dict) -> dict:
+    """A community's table row as text (the full head list; numbers to 3 significant digits)."""
+    def text(value) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, bool):
+            return "yes" if value else "no"
+        return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+    columns = ("community", "size", "heads", "composition", "purity", "isolation", "score", "eligible", "candidate")
+    return {c: text(row[c]) for c in columns}
+
+
+def _use_n(n: int) -> None:
+    set_choice(N_EXAMPLES, n)
+
 
 st.title("Co-activation")
 st.caption("Co-activation proposes, ablation disposes [CVC]: spins = each head's max attention at the query, split at "
@@ -53,6 +72,13 @@ with st.expander("Settings", expanded=False):
         n_strata = int(r1.number_input("Routing strata K", 2, 16, DEFAULT_STRATA, key="coact_strata"))
         n_null = int(r2.number_input("Random partitions (null)", 1, 200, DEFAULT_N_NULL, key="coact_null"))
 
+if ws.spec.n_examples < n_total:  # the fit needs a spin sample per head at least: say so, and offer the size
+    enough = -(-n_total // 8) * 8
+    st.info(f"Co-activation fits one spin per head, so it needs at least as many probe examples as heads: "
+            f"{ws.model_name} has {n_total} heads and the sidebar's probe {ws.spec.n_examples} examples.")
+    st.button(f"Use N = {enough} examples", key="coact_use_n", on_click=_use_n, args=(enough,),
+              help="Sets the sidebar's N examples for the whole workspace (every page measures on it).")
+    st.stop()
 if not ks:
     st.error("Pick at least one k to score (reference: 4, 6, 8, 10, 12).")
     st.stop()
@@ -106,7 +132,8 @@ with left:
 with right:
     st.markdown(f"**Communities at k = {selection.k}** (candidate {selection.candidate.cluster})")
     table = candidate_table(report)
-    st.dataframe(pd.DataFrame(candidate_rows(report)), hide_index=True, width="stretch")
+    # st.table wraps long cells (a community of a real model names dozens of heads); st.dataframe clipped them
+    st.table(pd.DataFrame([_community_cells(row) for row in candidate_rows(report)]).set_index("community"))
     caption, export = st.columns([5, 1])
     caption.caption(table.caption)
     with export:

@@ -203,7 +203,9 @@ def ari_by_k_chart(report: Any) -> FigureBundle:
                       yaxis_title="agreement with Step-2 classes",
                       title=f"ARI by k over the {len(report.labels)} labelled heads")
     fig.update_xaxes(tickmode="array", tickvals=ks)
-    _legend_on_top(fig)
+    # the legend below the axis: on top it covered the chosen k's label (the chart is drawn in a narrow column)
+    fig.update_layout(legend=dict(orientation="h", x=0, xanchor="left", y=-0.3, yanchor="top"), margin=dict(t=80, b=110),
+                      height=380)
     rows = tuple({"k": m.k, "ari": m.ari, "nmi": m.nmi, "purity": m.purity, "n_evaluated": m.n_evaluated,
                   "chosen": m.k == report.proposal.k} for m in scores.metrics)
     caption = (f"labels: Step-2 class (≥ {report.settings.get('class_threshold', 30):g}x, else unclassified) of the top-"

@@ -4,6 +4,7 @@ selectivity for every pattern against the class threshold and the null floor.
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -100,9 +101,13 @@ def head_scores(sel_head: Sequence[float], patterns: Sequence[str], head: Head, 
         verdict = "member" if membership >= induction_threshold else "not a member"
         title += (f"<br><sup>induction membership {membership:.3g}x vs {membership_baseline} baseline "
                   f"(threshold {induction_threshold:.3g}x): {verdict}</sup>")
-    fig.update_layout(template=SCREEN, height=340, title=title, yaxis_title="selectivity (log)", showlegend=False,
-                      margin=dict(t=80))
-    fig.update_yaxes(type="log", dtick=1)
+    # a fixed range with headroom: autorange on log bars cut the tallest bar at the top
+    shown = np.maximum(values, SELECTIVITY_FLOOR)
+    top = max([float(shown.max()), class_threshold] + ([noise_floor] if noise_floor else []))
+    fig.update_layout(template=SCREEN, height=380, title=title, yaxis_title="selectivity (log)", showlegend=False,
+                      margin=dict(t=80, b=100))
+    fig.update_yaxes(type="log", dtick=1, range=[math.log10(SELECTIVITY_FLOOR), math.log10(top) + 0.5])
+    fig.update_xaxes(tickangle=-35, automargin=True)  # pattern names ("duplicate-token") fit a narrow column
     rows = tuple({"head_name": head_name(head), "pattern": p, "selectivity": float(v)} for p, v in zip(patterns, values))
     if membership is not None:
         rows += ({"head_name": head_name(head), "pattern": f"induction membership ({membership_baseline})",
