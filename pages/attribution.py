@@ -153,8 +153,9 @@ st.caption("[HHG] For a model trained on sequence reversal or sorting: each head
 # ------------------------------------------------------------------ which task
 trained_for = guarded(lambda: manifest_task(ws.ref))
 if trained_for is not None and trained_for not in TASKS:
-    st.error(f"{ws.model_name} was trained for {trained_for!r}, not sequence reversal or sorting; gradient vs causal "
-             "needs a reverse or sort model: pick one below or in the sidebar.")
+    # a normal state (the workspace holds another kind of model), not an error
+    st.info(f"{ws.model_name} was trained for {trained_for!r}, not sequence reversal or sorting; gradient vs causal "
+            "needs a reverse or sort model: pick one below or in the sidebar.")
     choices = guarded(sequence_zoo_models, stop=False) or {}
     if choices:
         cols = st.columns(min(len(choices), 4))

@@ -73,9 +73,10 @@ def test_live_analysis_matches_core_and_sends_heads_to_the_ablation_lab(quick_zo
     assert errors(at) == []  # the lab's probe fits the 104-token vocabulary
 
 
-def test_model_trained_for_another_task_is_refused_with_a_way_out(quick_zoo):
+def test_model_trained_for_another_task_is_told_with_a_way_out(quick_zoo):
     at = open_attribution("induction-neox")
-    assert any("trained for 'induction', not sequence reversal or sorting" in e for e in errors(at))
+    assert errors(at) == []  # a normal state, said as information, not as an error
+    assert any("trained for 'induction', not sequence reversal or sorting" in i.value for i in at.info)
     button = next(b for b in at.button if b.label == f"Analyse {MODEL} (reverse)")
     button.click().run()
     assert not at.exception, at.exception
