@@ -1,8 +1,9 @@
 """The "Gradient vs causal" page on the quick zoo's reverse-hhg, through streamlit's AppTest.
 
 The live analysis must show exactly what core computes, picked heads must reach the ablation lab,
-stored per-seed results must give the seed-level figures, and bad input (a model trained for another
-task, an OOD length without valid samples) must show st.error while the page keeps working. Few OOD
+stored per-seed results must give the seed-level figures, a model trained for another task is told
+(st.info) with a way out, and bad input (an OOD length without valid samples) must show st.error while
+the page keeps working. Few OOD
 batches and evaluation examples keep it quick on two CPUs.
 """
 
