@@ -3,40 +3,46 @@
 Each command is a module of core/cli/ (the benchmarks: core/cli/bench.py) with a pair
 `add_<name>_arguments(parser)` / `cli_<name>(args) -> dict`. This file only wires them up, writes
 `--json PATH` when asked, and turns a HeadLabError into one line on stderr and exit status 2.
+
+The command modules import torch, transformers and TransformerLens (about 16 s of CPU, a minute
+on a busy machine), so `main` imports only the module of the command it runs: `--help`, a
+misspelt command and the list of commands answer at once, from the names and help lines below.
 """
 
 from __future__ import annotations
 
 import argparse
 import errno
+import importlib
 import sys
 from pathlib import Path
-from types import ModuleType
+from typing import Iterable
 
-from core.cli import attribution, bench, benchmark, coactivation, edges, export, known, models, patch, probe, proposers, recipe, replicate, zoo
 from core.errors import HeadLabError
 from core.threads import apply_thread_policy
 from core.workspace import atomic_write_json, check_output_file
 
-# command name -> (module, function suffix, one-line help)
-COMMANDS: dict[str, tuple[ModuleType, str, str]] = {
-    "models": (models, "models", "list zoo models and their checkpoints"),
-    "train": (zoo, "train", "train one model from flags, with checkpoints"),
-    "zoo": (zoo, "zoo", "train the model zoo (quick or paper preset); no-op when trained"),
-    "probe": (probe, "probe", "run the instrumented pass and fill the cache"),
-    "screen": (recipe, "screen", "Steps 1-2: PR trajectories, PR-integral, pattern screen"),
-    "ablate": (recipe, "ablate", "group ablation with matched-random controls"),
-    "recipe": (recipe, "recipe", "the full three-step recipe with its verdict"),
-    "attribution": (attribution, "attribution", "gradient attribution vs causal importance [HHG]"),
-    "proposers": (proposers, "proposers", "proposers vs disposer: four circuit proposals, one closure test"),
-    "export": (export, "export", "paper figures headless: spectral, screen, ablation, attribution (PNG/SVG/PDF + CSV/JSON)"),
-    "coactivation": (coactivation, "coactivation", "Ising co-activation communities and their closure test [CVC]"),
-    "replicate": (replicate, "replicate", "the papers' claims on the zoo: a report with verdicts and figures"),
-    "patch": (patch, "patch", "activation, attribution and path patching on clean/corrupted pairs"),
-    "known": (known, "known", "models whose circuit is known (hand-wired, planted): list, --build"),
-    "benchmark": (benchmark, "benchmark", "every proposer, patching and edge method scored against the known circuits"),
-    "edges": (edges, "edges", "edge-level discovery (EAP, EAP-IG, ACDC) with faithfulness curves and random edge sets"),
+# command name -> (module of core/cli/, function suffix, one-line help)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "models": ("core.cli.models", "models", "list zoo models and their checkpoints"),
+    "train": ("core.cli.zoo", "train", "train one model from flags, with checkpoints"),
+    "zoo": ("core.cli.zoo", "zoo", "train the model zoo (quick or paper preset); no-op when trained"),
+    "probe": ("core.cli.probe", "probe", "run the instrumented pass and fill the cache"),
+    "screen": ("core.cli.recipe", "screen", "Steps 1-2: PR trajectories, PR-integral, pattern screen"),
+    "ablate": ("core.cli.recipe", "ablate", "group ablation with matched-random controls"),
+    "recipe": ("core.cli.recipe", "recipe", "the full three-step recipe with its verdict"),
+    "attribution": ("core.cli.attribution", "attribution", "gradient attribution vs causal importance [HHG]"),
+    "proposers": ("core.cli.proposers", "proposers", "proposers vs disposer: four circuit proposals, one closure test"),
+    "export": ("core.cli.export", "export", "paper figures headless: spectral, screen, ablation, attribution (PNG/SVG/PDF + CSV/JSON)"),
+    "coactivation": ("core.cli.coactivation", "coactivation", "Ising co-activation communities and their closure test [CVC]"),
+    "replicate": ("core.cli.replicate", "replicate", "the papers' claims on the zoo: a report with verdicts and figures"),
+    "patch": ("core.cli.patch", "patch", "activation, attribution and path patching on clean/corrupted pairs"),
+    "known": ("core.cli.known", "known", "models whose circuit is known (hand-wired, planted): list, --build"),
+    "benchmark": ("core.cli.benchmark", "benchmark", "every proposer, patching and edge method scored against the known circuits"),
+    "edges": ("core.cli.edges", "edges", "edge-level discovery (EAP, EAP-IG, ACDC) with faithfulness curves and random edge sets"),
 }
+BENCH_MODULE = "core.cli.bench"
+BENCH_HELP = "benchmarks that print ratios against a baseline run in the same process"
 
 
 
@@ -49,13 +55,24 @@ def _add_json_flag(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--json", type=Path, default=None, help="also write the result as JSON here")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentParser:
+    """The parser, every command listed; the arguments (and so the imports) only of `commands`
+    (None: every command, "bench" included). A command left unwired parses to no `run`."""
+    wired = set(COMMANDS) | {"bench"} if commands is None else set(commands)
     parser = argparse.ArgumentParser(prog="python -m core", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (module, suffix, help_text) in COMMANDS.items():
-        _wire(sub.add_parser(name, help=help_text, description=help_text), module, suffix)
-    bench_parser = sub.add_parser("bench", help="benchmarks that print ratios against a baseline run in the same process")
+        cmd = sub.add_parser(name, help=help_text, description=help_text)
+        if name in wired:
+            _wire(cmd, importlib.import_module(module), suffix)
+    bench_parser = sub.add_parser("bench", help=BENCH_HELP, description=BENCH_HELP)
+    if "bench" in wired:
+        _wire_benches(bench_parser, importlib.import_module(BENCH_MODULE))
+    return parser
+
+
+def _wire_benches(bench_parser: argparse.ArgumentParser, bench) -> None:
     bench_sub = bench_parser.add_subparsers(dest="bench", metavar="TARGET")
     bench_sub.required = True
     for name, (add_arguments, run, help_text) in bench.BENCHES.items():
@@ -65,10 +82,18 @@ def build_parser() -> argparse.ArgumentParser:
         _add_json_flag(cmd)
     all_help = "every benchmark at its defaults, one JSON each (bench-<name>.json) in --out"
     _wire(bench_sub.add_parser("all", help=all_help, description=all_help), bench, "bench_all")
-    return parser
 
 
-def _wire(cmd: argparse.ArgumentParser, module: ModuleType, suffix: str) -> None:
+def requested_command(argv: list[str]) -> list[str]:
+    """The command `argv` names (its first word that is not an option), as a list of at most one:
+    none for `--help`, no word or a misspelt command, which argparse then answers."""
+    for word in argv:
+        if not word.startswith("-"):
+            return [word] if word in COMMANDS or word == "bench" else []
+    return []
+
+
+def _wire(cmd: argparse.ArgumentParser, module, suffix: str) -> None:
     """Give `cmd` its module's arguments, its runner and the --json flag."""
     getattr(module, f"add_{suffix}_arguments")(cmd)
     cmd.set_defaults(run=getattr(module, f"cli_{suffix}"))
@@ -94,7 +119,8 @@ def _missing_folder(path: Path) -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(requested_command(argv)).parse_args(argv)
     try:
         if args.json is not None:
             check_output_file(args.json, "--json")  # before the work, not after it

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import psutil
-import torch
 
 from core.errors import HeadLabError
 
@@ -127,6 +126,8 @@ def thread_policy(ceiling: int | None = None, env: Mapping[str, str] | None = No
 
 def apply_thread_policy(ceiling: int | None = None) -> ThreadChoice:
     """Choose torch's intra-op thread count for the CPUs' load right now and set it."""
+    import torch  # heavy (seconds): here, not at the top, so that `python -m core --help` never loads it
+
     choice = thread_policy(ceiling)
     torch.set_num_threads(choice.threads)
     return choice
