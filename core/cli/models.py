@@ -1,42 +1,87 @@
-"""`python -m core models [MODEL]`: list the zoo, or one model's checkpoints with their token counts."""
+"""`python -m core models [MODEL]`: list the zoo, or one model's checkpoints with their token counts.
+
+`python -m core models import FILE.gguf [--name NAME]` imports a GGUF file (llama.cpp's quantized
+format) into the zoo once, dequantized to float32 (core/model/gguf.py).
+"""
 
 from __future__ import annotations
 
 import argparse
 
+from core.errors import HeadLabError
+from core.model.gguf import import_gguf_once
 from core.model.refs import RETRAIN_HINT, ModelRef, list_checkpoints, list_zoo, read_manifest
 from core.workspace import zoo_dir
 
+IMPORT_WORD = "import"  # `models import FILE`: the first word picks the import (a zoo model named "import" is shadowed)
+QUANTIZED_NOTE = ("imported models are 4-bit quantizations dequantized to float32: what HeadLab finds in them is "
+                  "found in the quantized model, which may differ from the full-precision release")
+
 
 def add_models_arguments(parser: argparse.ArgumentParser) -> None:
-    """`python -m core models [MODEL]`: list the zoo, or one model's checkpoints."""
+    """`python -m core models [MODEL]`, or `models import FILE.gguf [--name NAME]`."""
     parser.add_argument("model", nargs="?", default=None,
-                        help="a zoo name, a local Hugging Face folder or a hub name; omit to list the zoo")
+                        help="a zoo name, a local Hugging Face folder or a hub name; omit to list the zoo; "
+                             "'import' to import the GGUF file that follows")
+    parser.add_argument("file", nargs="?", default=None, help="with import: the .gguf file")
+    parser.add_argument("--name", default=None, help="with import: the zoo name (default: from the file's name)")
 
 
 def cli_models(args: argparse.Namespace) -> dict:
-    """Print the zoo (no model given) or the model's checkpoints with their token counts."""
+    """Print the zoo (no model given), the model's checkpoints, or import a GGUF file (`import FILE`)."""
+    if args.model == IMPORT_WORD:
+        if args.file is None:
+            raise HeadLabError("models import needs a file: python -m core models import FILE.gguf [--name NAME].")
+        return import_gguf_once(args.file, args.name)
+    if args.file is not None or args.name is not None:
+        extra = args.file if args.file is not None else f"--name {args.name}"
+        raise HeadLabError(f"{extra!r} only means something after `models import`; give one model to list its "
+                           "checkpoints, or: python -m core models import FILE.gguf [--name NAME].")
     if args.model is None:
-        rows = []
-        for name in list_zoo():
-            manifest = read_manifest(name)
-            config = manifest.get("config", {})
-            rows.append({"name": name, "family": manifest.get("family"), "task": manifest.get("task"),
-                         "checkpoints": len(manifest["checkpoints"]),
-                         "complete": manifest.get("complete"),
-                         # how it was trained and what it reached: the zoo docs quote these
-                         "shape": {k: config.get("model", {}).get(k) for k in ("n_layers", "n_heads", "d_model")},
-                         "steps_trained": manifest["checkpoints"][-1].get("step") if manifest["checkpoints"] else None,
-                         "final": manifest.get("final"), "train_seconds": manifest.get("train_seconds"),
-                         "threads": manifest.get("threads")})
-            print(f"{name:24s} {str(rows[-1]['family']):10s} {str(rows[-1]['task']):12s} "
-                  f"{rows[-1]['checkpoints']:4d} checkpoints")
-        if not rows:
-            print(f"the zoo at {zoo_dir()} is empty; train it with {RETRAIN_HINT}")
-        return {"zoo": str(zoo_dir()), "models": rows}
+        return list_models()
     ref = ModelRef.parse(args.model)
     checkpoints = list_checkpoints(ref)
     for c in checkpoints:
         tokens = "unknown" if c.tokens < 0 else f"{c.tokens:,}"
         print(f"{c.revision:28s} step {c.step:>9,}  tokens {tokens}")
     return {"model": ref.to_json(), "checkpoints": [c.to_json() for c in checkpoints]}
+
+
+def list_models() -> dict:
+    """Print one line per zoo model (imported ones with licence, source and SHA-256) and return the rows."""
+    rows = []
+    for name in list_zoo():
+        manifest = read_manifest(name)
+        config = manifest.get("config", {})
+        source = manifest.get("source") or {}
+        rows.append({"name": name, "family": manifest.get("family"), "task": manifest.get("task"),
+                     "kind": manifest.get("kind", "trained"),
+                     "checkpoints": len(manifest["checkpoints"]),
+                     "complete": manifest.get("complete"),
+                     # how it was trained and what it reached: the zoo docs quote these
+                     "shape": {k: config.get("model", {}).get(k) for k in ("n_layers", "n_heads", "d_model")},
+                     "steps_trained": manifest["checkpoints"][-1].get("step") if manifest["checkpoints"] else None,
+                     "final": manifest.get("final"), "train_seconds": manifest.get("train_seconds"),
+                     "threads": manifest.get("threads"),
+                     "licence": source.get("licence"), "source": source_text(source) if source else None,
+                     "sha256": source.get("sha256"), "quantization": source.get("quantization")})
+        row = rows[-1]
+        line = f"{name:24s} {str(row['family']):10s} {str(row['task']):12s} {row['checkpoints']:4d} checkpoints"
+        if source:
+            line += (f"  {row['quantization']} from {row['source']}, SHA-256 {row['sha256']}, "
+                     f"licence {row['licence']}")
+        print(line)
+    if not rows:
+        print(f"the zoo at {zoo_dir()} is empty; train it with {RETRAIN_HINT}")
+    elif any(r["kind"] == "imported" for r in rows):
+        print(f"note: {QUANTIZED_NOTE}.")
+    return {"zoo": str(zoo_dir()), "models": rows}
+
+
+def source_text(source: dict) -> str:
+    """Where an imported model came from, in a few words: its packages, else its file."""
+    packages = source.get("packages")
+    if packages:
+        return "pip package " + ", ".join(f"{p['package']}=={p['version']}" for p in packages[:1]) + (
+            f" (+{len(packages) - 1} part packages)" if len(packages) > 1 else "")
+    return str(source.get("file"))

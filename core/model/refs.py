@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import huggingface_hub
 import huggingface_hub.constants as hub_constants
@@ -38,11 +38,24 @@ FULL_HASH_LIMIT = 64 * 2**20
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.\-]{0,95}/[A-Za-z0-9][\w.\-]{0,95}$")
 # a zoo model's folder name: one plain name (no path separators, no "." or "..", not hidden)
 _ZOO_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,127}$")
+GGUF_SUFFIX = ".gguf"
 _PYTHIA_REVISION = re.compile(r"^step(\d+)$")
 _OLMO_REVISION = re.compile(r"^step(\d+)-tokens(\d+(?:\.\d+)?)B$")
 
 
 # ----------------------------------------------------------------------------- references
+
+# A `.gguf` path names the zoo model imported from that file. The importer, core/model/gguf.py, loads
+# models and so sits above this module; it registers itself here when imported (core/model/__init__.py
+# imports it), and ModelRef.parse calls it without importing it.
+_gguf_resolver: Callable[[Path], str] | None = None
+
+
+def register_gguf_resolver(resolver: Callable[[Path], str]) -> None:
+    """Set the function that turns a .gguf path into a zoo name (importing the file once)."""
+    global _gguf_resolver
+    _gguf_resolver = resolver
+
 
 
 @dataclass(frozen=True)
@@ -58,8 +71,13 @@ class ModelRef(JsonResult):
 
     @staticmethod
     def parse(text: str) -> "ModelRef":
-        """Read a model the way a user types it: a folder path, a zoo name, or org/model."""
+        """Read a model the way a user types it: a folder path, a zoo name, org/model, or a .gguf file.
+
+        A .gguf file is imported into the zoo once (core/model/gguf.py) and named by its zoo model.
+        """
         text = str(text).strip()
+        if text.lower().endswith(GGUF_SUFFIX) and _gguf_resolver is not None and not Path(text).expanduser().is_dir():
+            return ModelRef(_gguf_resolver(Path(text)), "zoo")
         folder = _existing_folder(text)
         if folder is not None:
             if not ((folder / "config.json").is_file() or (folder / MANIFEST).is_file()):
