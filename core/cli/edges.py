@@ -7,14 +7,14 @@ import argparse
 
 from core.ablation.edges import EDGE_METRICS, METHODS, REPLACEMENTS, EdgeSettings, edge_graph_of_config
 from core.cli.patch import gap_line
-from core.cli.probe import add_probe_file_arguments, add_probe_spec_arguments, probe_spec_from_args
+from core.cli.probe import (PAIR_TASKS, add_corruption_argument, add_probe_file_arguments, add_probe_spec_arguments,
+                            built_in_pairs)
 from core.errors import HeadLabError
 from core.executor import ProgressBar
 from core.model.loading import load_config
 from core.model.refs import ModelRef, resolve_checkpoint
 from core.pipelines.edges import EdgePlan, EdgeReport, edges_model
 from core.stats.inference import format_rank_z
-from core.tasks.counterfactual import InductionCounterfactualSpec
 from core.tasks.known import known_task
 from core.tasks.probe_file import read_probe_file
 from core.zoo.known import known_circuit
@@ -42,7 +42,9 @@ def add_edges_arguments(parser: argparse.ArgumentParser) -> None:
                              "python -m core known lists them)")
     parser.add_argument("--graph-only", action="store_true",
                         help="print the model's edge graph (nodes, senders, receiver inputs, edges) from its config and stop")
-    parser.add_argument("--corrupt-seed", type=int, default=0, help="seed of the corrupted earlier A (default 0)")
+    parser.add_argument("--corrupt-seed", type=int, default=0,
+                        help="seed of the corrupted earlier A, or of ioi's ABC names (default 0)")
+    add_corruption_argument(parser)
     parser.add_argument("--batch-size", type=int, default=None, help="pairs per forward (default: as many as fit)")
     parser.add_argument("--allow-small-gap", action="store_true",
                         help="keep (flagged) pairs whose clean-corrupted gap is reversed or under 2 standard errors")
@@ -62,9 +64,9 @@ def cli_edges(args: argparse.Namespace) -> dict:
         return summary
     if args.known_task and args.probe_file is not None:
         raise HeadLabError("--known-task and --probe-file both name the pairs; give one of them.")
-    if args.probe_file is None and args.task != "induction" and not args.known_task:
-        raise HeadLabError("edges has a built-in counterfactual for the induction probe only; use --task induction "
-                           "or give your own clean/corrupted pairs with --probe-file.")
+    if args.probe_file is None and args.task not in PAIR_TASKS and not args.known_task:
+        raise HeadLabError("edges has built-in counterfactuals for the induction and ioi tasks only; use --task induction "
+                           "or --task ioi, or give your own clean/corrupted pairs with --probe-file.")
     settings = EdgeSettings(metric=args.metric, replacement=args.replacement, batch_size=args.batch_size,
                             allow_small_gap=args.allow_small_gap)
     plan = EdgePlan(method=args.method, ig_steps=args.ig_steps, threshold=args.threshold, top=args.top,
@@ -74,7 +76,7 @@ def cli_edges(args: argparse.Namespace) -> dict:
     elif args.probe_file is not None:
         pairs = read_probe_file(args.probe_file, padding=args.padding)
     else:
-        pairs = InductionCounterfactualSpec(probe_spec_from_args(args), seed=args.corrupt_seed)
+        pairs = built_in_pairs(args)
     bar = {"stage": None, "tqdm": None}
 
     def progress(stage: str, done: int, total: int) -> None:

@@ -9,7 +9,8 @@ import numpy as np
 
 from core.executor import ProgressBar
 from core.ablation.patching import PATCH_METRICS, PatchSettings
-from core.cli.probe import add_probe_file_arguments, add_probe_spec_arguments, probe_spec_from_args
+from core.cli.probe import (PAIR_TASKS, add_corruption_argument, add_probe_file_arguments, add_probe_spec_arguments,
+                            built_in_pairs)
 from core.errors import HeadLabError
 from core.heads import HeadSet, head_name, parse_heads
 from core.model.loading import load_config
@@ -18,7 +19,6 @@ from core.pipelines.patching import PatchingReport, PatchPlan, patch_model
 from core.stats.controls import CONTROL_KINDS
 from core.stats.inference import format_rank_z
 from core.stats.patching import DIRECTIONS
-from core.tasks.counterfactual import InductionCounterfactualSpec
 from core.tasks.probe_file import read_probe_file
 
 
@@ -42,7 +42,9 @@ def add_patch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--receivers", default=None, help='path patching: receiver heads, e.g. "L1H2,L1H3"')
     parser.add_argument("--component", default="k", help="receivers' inputs the path enters: q, k, v or a list like q,k (default k)")
     parser.add_argument("--no-attribution", action="store_true", help="skip attribution patching")
-    parser.add_argument("--corrupt-seed", type=int, default=0, help="seed of the corrupted earlier A (default 0)")
+    parser.add_argument("--corrupt-seed", type=int, default=0,
+                        help="seed of the corrupted earlier A, or of ioi's ABC names (default 0)")
+    add_corruption_argument(parser)
     parser.add_argument("--batch-size", type=int, default=None, help="examples per forward (default: as many as fit)")
     parser.add_argument("--allow-small-gap", action="store_true",
                         help="keep (flagged) a result whose clean-corrupted gap is reversed or under 2 standard errors "
@@ -56,9 +58,9 @@ def _heads(text: str | None, n_layers: int, n_heads: int) -> HeadSet | None:
 
 
 def cli_patch(args: argparse.Namespace) -> dict:
-    if args.probe_file is None and args.task != "induction":
-        raise HeadLabError("patch has a built-in counterfactual for the induction probe only; use --task induction "
-                           "or give your own pairs with --probe-file.")
+    if args.probe_file is None and args.task not in PAIR_TASKS:
+        raise HeadLabError("patch has built-in counterfactuals for the induction and ioi tasks only; use --task induction "
+                           "or --task ioi, or give your own pairs with --probe-file.")
     ref = ModelRef.parse(args.model)
     config = load_config(ref, resolve_checkpoint(ref, args.revision).revision)
     shape = (config.num_hidden_layers, config.num_attention_heads)
@@ -70,7 +72,7 @@ def cli_patch(args: argparse.Namespace) -> dict:
     if args.probe_file is not None:
         pairs = read_probe_file(args.probe_file, padding=args.padding)
     else:
-        pairs = InductionCounterfactualSpec(probe_spec_from_args(args), seed=args.corrupt_seed)
+        pairs = built_in_pairs(args)
     bar = {"stage": None, "tqdm": None}  # one bar per stage, the previous one closed when the next starts
 
     def progress(stage: str, done: int, total: int) -> None:

@@ -10,12 +10,20 @@ from core.cli.backend import add_backend_arguments, executor_from_args
 from core.executor import ProgressBar, tqdm_progress
 from core.model.loading import DEFAULT_DTYPE, DTYPES, load_model
 from core.model.memory import check_probe_batch_fits
-from core.model.refs import ModelRef, list_checkpoints, resolve_checkpoint
+from core.model.refs import ModelRef, checkpoint_path, list_checkpoints, resolve_checkpoint
 from core.pipelines.sweep import SweepItem, probe_sweep
 from core.probe import HEADSTATS_VERSION, pattern_batch_for
+from core.tasks.induction import describe_token_source
+from core.tasks.counterfactual import InductionCounterfactualSpec
+from core.tasks.ioi import CORRUPTIONS, IoiCounterfactualSpec, IoiSpec, describe_ioi
 from core.tasks.probe_batch import MAX_SEED, ProbeBatch, check_seed
 from core.tasks.probe_file import PADDING_SIDES, ProbeFile, read_probe_file
-from core.tasks.specs import TASKS, ProbeSpec, probe_spec
+from core.tasks.specs import TASKS, TOKENIZER_TASKS, ProbeSpec, probe_spec
+from core.tasks.tokens import tokenizer_of_folder
+
+TASK_HELP = ("probe task (default induction): induction (the [SPC] one-shot A B ... A), induction-repeat (a random "
+             "sequence and its exact repeat, scored on the repeat), text (held-out byte text, byte-level models), "
+             "ioi (indirect object identification, models with a word-level tokenizer; --seq-len is not read)")
 
 
 def seed_arg(text: str) -> int:
@@ -56,20 +64,75 @@ def add_device_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_probe_spec_arguments(parser: argparse.ArgumentParser) -> None:
     """The probe batch flags every command that runs a probe shares (and --device, --dtype)."""
-    parser.add_argument("--task", choices=TASKS, default="induction", help="probe task (default induction)")
+    parser.add_argument("--task", choices=TASKS, default="induction", help=TASK_HELP)
     parser.add_argument("--n", type=int, default=256, help="probe sequences N (default 256)")
     parser.add_argument("--seq-len", type=int, default=64, help="probe length T (default 64)")
     parser.add_argument("--seed", type=seed_arg, default=42, help="probe seed (default 42)")
-    parser.add_argument("--token-low", type=int, default=0, help="induction tokens from (default 0)")
-    parser.add_argument("--token-high", type=int, default=256, help="induction tokens below (default 256: bytes)")
+    parser.add_argument("--token-low", type=int, default=None,
+                        help="induction tokens from (default: the model's ordinary tokens, bytes 0-255 on a byte-level "
+                             "zoo model, else every token of its tokenizer but special, added and byte-fallback ones)")
+    parser.add_argument("--token-high", type=int, default=None, help="induction tokens below (default: as --token-low)")
     add_device_arguments(parser)
 
 
-def probe_spec_from_args(args: argparse.Namespace) -> ProbeSpec:
-    """The probe spec the flags describe; refused before anything is built when its batch cannot fit in memory."""
-    spec = probe_spec(args.task, args.n, args.seq_len, args.seed, args.token_low, args.token_high)
+def needs_tokenizer(args: argparse.Namespace) -> bool:
+    """True when the probe is built from the model's own tokens: ioi, or a random-token task without a token range."""
+    if args.task in TOKENIZER_TASKS:
+        return True
+    unset = getattr(args, "token_low", None) is None and getattr(args, "token_high", None) is None
+    return args.task in ("induction", "induction-repeat") and unset
+
+
+def model_tokenizer(name: str, revision: str | None = None):
+    """The tokenizer of a model the user named (its final checkpoint by default), None for a byte-level zoo model."""
+    ref = ModelRef.parse(name)
+    folder = checkpoint_path(ref, resolve_checkpoint(ref, revision).revision)
+    return tokenizer_of_folder(folder, local=ref.kind != "hub", revision=revision)
+
+
+def describe_probe(spec: ProbeSpec) -> str | None:
+    """One line saying what a built-in probe drew its tokens from (None for the byte text probe)."""
+    if isinstance(spec, IoiSpec):
+        return describe_ioi(spec)
+    return describe_token_source(spec) if hasattr(spec, "vocab") else None
+
+
+def probe_spec_from_args(args: argparse.Namespace, model: str | None = None) -> ProbeSpec:
+    """The probe spec the flags describe, for `model` (default: the command's first model): ioi and the random-token
+    tasks without a token range read that model's tokenizer (core/tasks/tokens.py) and the line printed says what
+    they drew from. Refused before anything is built when its batch cannot fit in memory."""
+    tokenizer = None
+    if needs_tokenizer(args):
+        name = model if model is not None else (args.model[0] if isinstance(args.model, list) else args.model)
+        tokenizer = model_tokenizer(name, getattr(args, "revision", None))
+    spec = probe_spec(args.task, args.n, args.seq_len, args.seed, getattr(args, "token_low", None),
+                      getattr(args, "token_high", None), tokenizer)
     check_probe_batch_fits(spec.n_examples, spec.seq_len)
+    line = describe_probe(spec) if tokenizer is not None else None
+    if line:
+        print(f"probe: {line}")
     return spec
+
+
+PAIR_TASKS = ("induction", "ioi")  # tasks with a built-in counterfactual (patch, edges)
+
+
+def add_corruption_argument(parser: argparse.ArgumentParser) -> None:
+    """--corruption: which counterfactual of the ioi task (patch, edges)."""
+    parser.add_argument("--corruption", choices=CORRUPTIONS, default="abc",
+                        help="with --task ioi: abc (default: the three names replaced by three other names) or swap "
+                             "(the subject's second mention replaced by the indirect object, so the answer flips)")
+
+
+def built_in_pairs(args: argparse.Namespace) -> InductionCounterfactualSpec | IoiCounterfactualSpec:
+    """The clean/corrupted pairs of a built-in task (patch, edges): the induction probe with its earlier A
+    corrupted, or the ioi prompts with their ABC or swapped-subject twins."""
+    spec = probe_spec_from_args(args)
+    if isinstance(spec, IoiSpec):
+        return IoiCounterfactualSpec(spec, args.corruption, args.corrupt_seed)
+    if args.corruption != "abc":
+        raise HeadLabError("--corruption chooses the ioi task's counterfactual; leave it out with --task induction.")
+    return InductionCounterfactualSpec(spec, seed=args.corrupt_seed)
 
 
 def add_probe_file_arguments(parser: argparse.ArgumentParser,
@@ -118,6 +181,13 @@ def cli_probe(args: argparse.Namespace) -> dict:
                    found) for ref, found in items.items()]
         for batch, _ in sweeps:
             say_probe_notes(batch.spec)
+    elif needs_tokenizer(args) and len(refs) > 1:  # built from each model's own tokens: one sweep per probe spec
+        by_spec: dict[str, tuple[ProbeSpec, list[SweepItem]]] = {}
+        for name, ref in dict(zip(args.model, refs)).items():
+            spec = probe if ref == refs[0] else probe_spec_from_args(args, name)
+            if ref in items:
+                by_spec.setdefault(repr(spec.to_json()), (spec, []))[1].extend(items.pop(ref))
+        sweeps = list(by_spec.values())
     else:
         sweeps = [(probe, [item for found in items.values() for item in found])]
     executor = executor_from_args(args)

@@ -27,10 +27,12 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformer_lens.model_bridge import TransformerBridge
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+from transformers.utils import logging as hf_logging
 
 from core.errors import HeadLabError
 from core.model.memory import check_fits_in_memory
 from core.model.refs import ModelRef, checkpoint_path, repair_hint, require_cached
+from core.tasks.tokens import check_tokenizer_files
 
 # The precisions a model can be loaded in (--dtype). Statistics are accumulated in float32 whatever
 # the model's dtype (core/probe.py, core/ablation/), so only the forward pass runs in half precision.

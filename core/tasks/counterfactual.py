@@ -19,6 +19,7 @@ from core.errors import HeadLabError
 from core.results import JsonResult
 from core.tasks.induction import InductionProbeSpec
 from core.tasks.probe_batch import ProbeBatch, check_seed
+from core.tasks.tokens import runs_ids
 
 
 @dataclass(frozen=True, eq=False)
@@ -133,17 +134,20 @@ class InductionCounterfactualSpec(JsonResult):
     def build(self) -> PatchPair:
         """The clean batch and its corrupted tokens (A at p replaced; A at q and B at p+1 kept)."""
         clean = self.probe.build()
-        low, high = self.probe.token_low, self.probe.token_high
+        ids = None if self.probe.vocab is None else runs_ids(self.probe.vocab)  # drawn by index, mapped to the ids
+        low, high = (self.probe.token_low, self.probe.token_high) if ids is None else (0, len(ids))
         rng = np.random.RandomState(self.seed)
         corrupted = clean.tokens.clone().numpy()  # [example, pos]
         rows = np.arange(clean.n_examples)
         a = corrupted[rows, clean.duplicate_pos.numpy()]  # the earlier A of each example
         b = clean.target.numpy()
+        if ids is not None:
+            a, b = np.searchsorted(ids, a), np.searchsorted(ids, b)
         fresh = rng.randint(low, high - 2, size=clean.n_examples)
         lo_ab, hi_ab = np.minimum(a, b), np.maximum(a, b)
         fresh += fresh >= lo_ab  # skip the smaller of A, B ...
         fresh += fresh >= hi_ab  # ... then the larger: uniform over the range without both
-        corrupted[rows, clean.duplicate_pos.numpy()] = fresh
+        corrupted[rows, clean.duplicate_pos.numpy()] = fresh if ids is None else ids[fresh]
         spec = {"task": self.task, "probe": dict(clean.spec), "seed": self.seed, "rng": "numpy.RandomState",
                 "corruption": "the earlier A (duplicate_pos p) replaced by a token other than A and B"}
         return PatchPair(clean, torch.from_numpy(corrupted), None, spec)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from numbers import Integral
-from typing import ClassVar
+from typing import Any, ClassVar, Optional
 
 import numpy as np
 import torch
@@ -17,6 +17,7 @@ import torch
 from core.errors import HeadLabError
 from core.results import JsonResult
 from core.tasks.probe_batch import ProbeBatch, check_seed
+from core.tasks.tokens import VOCAB_RULE, TokenRuns, check_runs, describe_runs, is_byte_tokenizer, ordinary_vocab, runs_ids
 
 MIN_SEQ_LEN = 8
 REFERENCE_P_LOW = 20  # reference: p uniform in [20, T/2)
@@ -26,6 +27,10 @@ REFERENCE_P_LOW = 20  # reference: p uniform in [20, T/2)
 class InductionProbeSpec(JsonResult):
     """Parameters of one synthetic induction probe batch; tokens are uniform in [token_low, token_high).
 
+    vocab: for a model with its own tokenizer, the ordinary token ids as runs [low, high)
+    (core/tasks/tokens.py): tokens are then uniform over those ids (token_low, token_high are the
+    runs' bounds), and `tokenizer` is the tokenizer's fingerprint. Both are None for a plain range
+    and then absent from to_json(), so the byte-level zoo's specs and cache keys are unchanged.
     A ProbeSpec (core.tasks.specs): to_json() is its fields plus "task"; from_json ignores extra keys.
     """
 
@@ -35,6 +40,8 @@ class InductionProbeSpec(JsonResult):
     token_low: int
     token_high: int
     seed: int
+    vocab: Optional[TokenRuns] = None
+    tokenizer: Optional[str] = None
 
     def __post_init__(self) -> None:
         for name in ("n_examples", "seq_len", "token_low", "token_high", "seed"):
@@ -42,6 +49,7 @@ class InductionProbeSpec(JsonResult):
             if isinstance(value, bool) or not isinstance(value, Integral):
                 raise HeadLabError(f"Induction probe {name} must be an integer, got {value!r}.")
             object.__setattr__(self, name, int(value))
+        check_token_source(self)
         if self.n_examples < 1:
             raise HeadLabError("Induction probe n_examples must be at least 1.")
         if self.seq_len < MIN_SEQ_LEN:
@@ -76,7 +84,7 @@ class InductionProbeSpec(JsonResult):
             )
 
     def to_json(self) -> dict:
-        return {"task": self.task, **super().to_json()}
+        return token_source_json(self, {"task": self.task, **super().to_json()})
 
     def build(self) -> ProbeBatch:
         """Build the A B ... A batch: q = T-1, target B, induction key p+1, duplicate key p.
@@ -85,7 +93,9 @@ class InductionProbeSpec(JsonResult):
         then per example A, B (distinct), p, and the replacements for stray copies of A or B
         (uniform over the range without A and B).
         """
-        n, seq_len, low, high = self.n_examples, self.seq_len, self.token_low, self.token_high
+        ids = None if self.vocab is None else runs_ids(self.vocab)  # drawn by index, then mapped to the ids
+        n, seq_len = self.n_examples, self.seq_len
+        low, high = (self.token_low, self.token_high) if ids is None else (0, len(ids))
         p_low, p_high = self.p_range
         rng = np.random.RandomState(self.seed)
         tokens = rng.randint(low, high, size=(n, seq_len)).astype(np.int64)  # [example, pos]
@@ -110,6 +120,8 @@ class InductionProbeSpec(JsonResult):
             row[p], row[p + 1], row[q] = a, b, a
             first_pos[i] = p
             target[i] = b
+        if ids is not None:
+            tokens, target = ids[tokens], ids[target]
         dup = torch.from_numpy(first_pos)
         return ProbeBatch(
             tokens=torch.from_numpy(tokens),
@@ -119,6 +131,48 @@ class InductionProbeSpec(JsonResult):
             duplicate_pos=dup,
             spec={**self.to_json(), "p_low": p_low, "p_high": p_high, "rng": "numpy.RandomState"},
         )
+
+
+def check_token_source(spec: Any) -> None:
+    """A spec's vocab runs (read back from JSON as lists) as a tuple, its token range their bounds, or HeadLabError."""
+    if spec.vocab is None:
+        return
+    runs = check_runs(spec.vocab, f"the {spec.task} probe")
+    if not runs:
+        raise HeadLabError(f"the {spec.task} probe's token runs are empty; build it with probe_spec(...).")
+    object.__setattr__(spec, "vocab", runs)
+    if sum(high - low for low, high in runs) < 3:
+        raise HeadLabError(f"the {spec.task} probe's token runs hold fewer than 3 ids (A, B and a filler); widen them.")
+    if (spec.token_low, spec.token_high) != (runs[0][0], runs[-1][1]):
+        raise HeadLabError(f"the {spec.task} probe's token range [{spec.token_low}, {spec.token_high}) is not the bounds of "
+                           "its token runs; build it with probe_spec(...).")
+
+
+def token_source_json(spec: Any, record: dict) -> dict:
+    """to_json() of a random-token spec: vocab and tokenizer left out when there are none (byte zoo keys unchanged)."""
+    if spec.vocab is None:
+        record.pop("vocab", None)
+        record.pop("tokenizer", None)
+    else:
+        record["vocab_rule"] = VOCAB_RULE
+    return record
+
+
+def token_source(tokenizer: Any, token_low: Optional[int], token_high: Optional[int]) -> dict:
+    """The token fields of a random-token spec for a model's tokenizer: the range given, else the zoo's bytes
+    [0, 256) on a byte tokenizer (or none), else the tokenizer's ordinary tokens (runs and fingerprint)."""
+    if token_low is not None or token_high is not None or is_byte_tokenizer(tokenizer):
+        return {"token_low": 0 if token_low is None else int(token_low),
+                "token_high": 256 if token_high is None else int(token_high)}
+    runs, fingerprint = ordinary_vocab(tokenizer)
+    return {"token_low": runs[0][0], "token_high": runs[-1][1], "vocab": runs, "tokenizer": fingerprint}
+
+
+def describe_token_source(spec: Any) -> str:
+    """One line naming what a random-token spec draws (printed by the commands)."""
+    if spec.vocab is None:
+        return f"{spec.task} probe tokens: ids in [{spec.token_low}, {spec.token_high})"
+    return f"{spec.task} probe tokens: the tokenizer's ({spec.tokenizer}) {VOCAB_RULE}: {describe_runs(spec.vocab)}"
 
 
 def default_zoo_probe_spec() -> InductionProbeSpec:

@@ -14,6 +14,13 @@ earlier occurrence of the query token with p + 1 < q, and induction is p + 1. Wh
 token has no such occurrence, p = first real token and p + 1 = the next one stand in and
 spec["pattern_found"] marks that example False; patching and ablation never read these positions.
 
+On a word-level (BPE) tokenizer the spacing of text matters: "... gave a book to " ends with a token of
+its own (a lone space), and a target "Mary" is another token than " Mary", the word after a space.
+The batch's notes name both (the prompts ending in a space; each target written without its space,
+the token it became and the likely intended one). assets/probes/ioi_example.jsonl is written for the
+byte-level zoo (prompts end with the space, targets without it); ioi_example_bpe.jsonl is the same
+pairs for BPE models (no trailing space, targets " Mary").
+
 The file's SHA-256 is in to_json() (so in every cache key and provenance built from it).
 """
 
@@ -31,6 +38,7 @@ import torch
 from core.errors import HeadLabError
 from core.tasks.counterfactual import PatchPair
 from core.tasks.probe_batch import MIN_QUERY_POS, ProbeBatch
+from core.tasks.tokens import is_byte_tokenizer
 
 FIELDS = ("prompt", "prompt_ids", "target", "corrupted_prompt", "corrupted_target", "query_pos")
 PADDING_SIDES = ("right", "left")
@@ -174,7 +182,39 @@ class ProbeFile:
             notes.append(f"{len(several)} of {len(encoded)} targets have several tokens and only the first token of each "
                          f"is scored ({named}{'; ...' if len(several) > 3 else ''}); give one-token targets to score "
                          "exactly what you wrote.")
-        return {**self.to_json(), "notes": notes}
+        return {**self.to_json(), "notes": notes + spacing_notes(self.records, tokenizer)}
+
+
+def spacing_notes(records: tuple[ProbeRecord, ...], tokenizer: Any) -> list[str]:
+    """On a word-level tokenizer: prompts that end with a space, and targets written without the space the
+    prompt's next word starts with ("Mary" for " Mary"), each named with the token it became. None on byte tokenizers."""
+    if is_byte_tokenizer(tokenizer):
+        return []
+    notes = []
+    trailing = [r.line for r in records if isinstance(r.prompt, str) and r.prompt != r.prompt.rstrip()]
+    if trailing:
+        notes.append(f"{len(trailing)} of {len(records)} prompts end with a space (line {trailing[0]} first): this "
+                     "tokenizer reads the space as a token of its own, so the model is asked what follows a lone space; "
+                     'end prompts without it and start each target with it (" Mary"), as assets/probes/'
+                     "ioi_example_bpe.jsonl does.")
+    unspaced = []
+    for record in records:
+        if isinstance(record.prompt, str) and record.prompt != record.prompt.rstrip():
+            continue  # the prompt carries the space: a target without one is then what was meant
+        for target in (record.target, record.corrupted_target):
+            if not isinstance(target, str) or target[:1].isspace():
+                continue
+            became = _ids(target, tokenizer, special=False)[:1]
+            spaced = _ids(" " + target, tokenizer, special=False)[:1]
+            if became and spaced and became != spaced:
+                unspaced.append(f"line {record.line}: {target!r} became token {_decoded(tokenizer, became[0])!r} "
+                                f"(id {became[0]}), the word after a space is {_decoded(tokenizer, spaced[0])!r} "
+                                f"(id {spaced[0]})")
+    if unspaced:
+        notes.append(f"{len(unspaced)} targets are written without a leading space ({'; '.join(unspaced[:3])}"
+                     f"{'; ...' if len(unspaced) > 3 else ''}); after a prompt that ends with a word, write the target "
+                     'with its space (" Mary") to score the word the model would say.')
+    return notes
 
 
 def _decoded(tokenizer: Any, token: int) -> str:

@@ -12,13 +12,16 @@ import json
 from typing import Any, Mapping, Protocol
 
 from core.errors import HeadLabError
-from core.tasks.induction import InductionProbeSpec
+from core.tasks.induction import InductionProbeSpec, token_source
+from core.tasks.ioi import IoiSpec, ioi_spec
 from core.tasks.probe_batch import ProbeBatch
+from core.tasks.repeat import RepeatInductionSpec
 from core.tasks.text import TextProbeSpec
+from core.tasks.tokens import special_prefix
 
 
 class ProbeSpec(Protocol):
-    """What every probe spec offers (InductionProbeSpec, TextProbeSpec)."""
+    """What every probe spec offers (InductionProbeSpec, RepeatInductionSpec, TextProbeSpec, IoiSpec)."""
 
     task: str
     n_examples: int
@@ -35,18 +38,35 @@ class ProbeSpec(Protocol):
     def check_vocab(self, vocab_size: int) -> None: ...
 
 
-SPEC_CLASSES: dict[str, type] = {"induction": InductionProbeSpec, "text": TextProbeSpec}
+SPEC_CLASSES: dict[str, type] = {"induction": InductionProbeSpec, "induction-repeat": RepeatInductionSpec,
+                                 "text": TextProbeSpec, "ioi": IoiSpec}
 TASKS = tuple(SPEC_CLASSES)
+TOKENIZER_TASKS = ("ioi",)  # tasks built from the model's own tokenizer (none without one)
 
 
 def probe_spec(task: str, n_examples: int = 256, seq_len: int = 64, seed: int = 42,
-               token_low: int = 0, token_high: int = 256) -> ProbeSpec:
-    """The probe spec of a task; the zoo default is 256 sequences of 64 byte tokens (token range: induction only)."""
+               token_low: int | None = 0, token_high: int | None = 256, tokenizer: Any = None) -> ProbeSpec:
+    """The probe spec of a task; the zoo default is 256 sequences of 64 byte tokens.
+
+    token_low, token_high: the random-token tasks' range (induction, induction-repeat); None for both means
+    the model's ordinary tokens: bytes [0, 256) on a byte tokenizer or none, else core/tasks/tokens.py's rule
+    over `tokenizer` (recorded with its fingerprint). tokenizer: the model's (a transformers tokenizer), or None.
+    ioi needs it and has no length of its own (seq_len is not read).
+    """
     if task == "induction":
-        return InductionProbeSpec(n_examples=n_examples, seq_len=seq_len, token_low=token_low,
-                                  token_high=token_high, seed=seed)
+        return InductionProbeSpec(n_examples=n_examples, seq_len=seq_len, seed=seed,
+                                  **token_source(tokenizer, token_low, token_high))
+    if task == "induction-repeat":
+        source = token_source(tokenizer, token_low, token_high)
+        prefix = special_prefix(tokenizer) if "vocab" in source else ()
+        return RepeatInductionSpec(n_examples=n_examples, seq_len=seq_len, seed=seed, prefix=prefix, **source)
     if task == "text":
         return TextProbeSpec(n_examples=n_examples, seq_len=seq_len, seed=seed)
+    if task == "ioi":
+        if tokenizer is None:
+            raise HeadLabError("the ioi task is built from the model's own tokenizer; give the tokenizer "
+                               "(probe_spec('ioi', ..., tokenizer=...)).")
+        return ioi_spec(tokenizer, n_examples, seed)
     raise HeadLabError(f"unknown probe task {task!r}; use one of: {', '.join(TASKS)}.")
 
 
