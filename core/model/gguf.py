@@ -24,6 +24,7 @@ import gguf
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+from transformers.utils import logging as hf_logging
 
 from core.errors import HeadLabError
 from core.model.loading import load_model
@@ -111,18 +112,30 @@ def import_gguf(path: Path, name: str, source: dict | None = None,
     say(f"hashing {path.name}")
     sha256 = file_sha256(path)
     say(f"dequantizing {path.name} ({header['quantization']}, {header['architecture']}) with transformers' GGUF loader")
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # transformers' per-tensor bars: hundreds of lines in a log; the stages are said
+    try:
+        _import_into(final, path, header, sha256, name, source or {}, extra_files or {}, say)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    return final
+
+
+def _import_into(final: Path, path: Path, header: dict, sha256: str, name: str, source: dict,
+                 extra_files: dict[str, bytes], say: Callable[[str], None]) -> None:
+    """Dequantize, save, write the manifest and check the load, in a temporary folder renamed to `final`."""
     model, tokenizer = _dequantize(path)
     with atomic_directory(final) as tmp:
         checkpoint = tmp / "checkpoints" / IMPORT_REVISION
         say(f"writing float32 safetensors to {final}")
         _save_plain(model, tokenizer, checkpoint)
         config = json.loads((checkpoint / "config.json").read_text())
-        atomic_write_json(tmp / MANIFEST, _manifest(name, config, header, path, sha256, source or {}))
-        for file_name, data in (extra_files or {}).items():
+        atomic_write_json(tmp / MANIFEST, _manifest(name, config, header, path, sha256, source))
+        for file_name, data in extra_files.items():
             (tmp / Path(file_name).name).write_bytes(data)
         say("loading the written model back to check it")
         _check_loads(tmp)
-    return final
 
 
 def _dequantize(path: Path) -> tuple[Any, Any]:
