@@ -13,12 +13,12 @@ from pathlib import Path
 import torch
 
 TINY_VOCAB = 260  # 256 bytes + BOS, PAD, EOS, SEP (core/tasks/vocab.py layout)
-FAMILIES = ("gpt_neox", "gpt_neox_norotary", "llama", "llama_gqa", "olmoe", "hhg")
+FAMILIES = ("gpt_neox", "gpt_neox_norotary", "llama", "llama_gqa", "olmoe", "hhg", "gemma3")
 
 
 def tiny_config(family: str):
     """The Hugging Face config of a tiny model of `family` (see FAMILIES)."""
-    from transformers import GPTNeoXConfig, LlamaConfig, OlmoeConfig
+    from transformers import Gemma3TextConfig, GPTNeoXConfig, LlamaConfig, OlmoeConfig
 
     common = dict(vocab_size=TINY_VOCAB, bos_token_id=256, pad_token_id=257, eos_token_id=258)
     if family in ("gpt_neox", "gpt_neox_norotary"):
@@ -51,6 +51,14 @@ def tiny_config(family: str):
             intermediate_size=16, num_experts=4, num_experts_per_tok=2,
             max_position_embeddings=64, tie_word_embeddings=False, **common,
         )
+    if family == "gemma3":
+        # Gemma-3's shape in small: 4 query heads share 2 key/value heads, QK-norm, scaled embeddings, pre and
+        # post norms, a sliding window of 4 tokens on layer 1 (shorter than the tests' sequences), tied unembedding
+        return Gemma3TextConfig(
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, hidden_size=32,
+            intermediate_size=64, max_position_embeddings=64, sliding_window=4, query_pre_attn_scalar=8,
+            layer_types=["full_attention", "sliding_attention"], tie_word_embeddings=True, **common,
+        )
     raise ValueError(f"unknown tiny family {family!r}; choose from {FAMILIES}")
 
 
@@ -69,6 +77,8 @@ def tiny_model(family: str, seed: int = 0):
         for name, param in model.named_parameters():
             if name.endswith("bias") or name.endswith("gate.weight"):
                 param.copy_(torch.randn(param.shape, generator=gen) * 0.1)
+            elif family == "gemma3" and "norm" in name:  # Gemma's norms start at gain 1 (weight 0): make them matter
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.3)
     return model.eval()
 
 

@@ -131,13 +131,6 @@ def test_edge_methods_refuse_what_they_cannot_do(tiny, tmp_path):
         check_has_pairs(read_probe_file(probe))
 
 
-def test_grouped_query_attention_is_refused(tmp_path):
-    model = load_model(ModelRef.parse(str(save_tiny_model("llama_gqa", tmp_path))))
-    pair = InductionCounterfactualSpec(probe_spec("induction", n_examples=4, seq_len=8), seed=0).build()
-    with pytest.raises(HeadLabError, match="GQA"):
-        edge_attribution(model, pair, SMALL_GAP)
-
-
 def test_cli_bad_threshold_is_one_line_and_exit_2(tmp_path, capsys):
     folder = save_tiny_model("gpt_neox", tmp_path / "m")
     status = main(["edges", str(folder), "--method", "acdc", "--threshold", "-1", "--n", "4", "--seq-len", "8"])

@@ -6,8 +6,15 @@ output on the source run minus its output in the current forward, so every other
 untouched. The hooks (TransformerBridge, raw weights):
 - sender outputs: embed = blocks.0.hook_resid_pre; head h of layer l = hook_z[..., h, :] @ W_O[l, h]
   (core.model.hooks.head_output_weights); MLP l = its output hook (core.model.hooks.mlp_hook_name);
+  where the block normalizes the attention output before adding it (Gemma-3's post-attention RMSNorm,
+  the bridge's ln1_post), head h's output is hook_z[..., h, :] @ W_O[l, h] * gain / rms(attention
+  output), the norm's gain and its 1 / rms of this forward's summed attention output at that position:
+  the norm taken as linear with its scale frozen at the forward's own value, so the heads' outputs
+  add up exactly to what the attention adds to the residual in every run (post_norm_scales);
 - receiver inputs: a head's q / k / v input = blocks.{l}.attn.hook_{q,k,v}_input [row, pos, head,
-  d_model] (the residual before the norm, one copy per head while cfg.use_split_qkv_input is on);
+  d_model] (the residual before the norm, one copy per head while cfg.use_split_qkv_input is on; under
+  grouped-query attention one copy per *query* head for k and v too, each through its own copy of
+  the group's K / V projection: core.ablation.patching.paths.ungrouped_key_values);
   MLP l = blocks.{l}.ln2.hook_in; the logits = ln_final.hook_in.
 The edge methods follow ACDC, EAP and MIB: the base run is the clean prompts and the removed (or
 scored) edges take the corrupted run's sender outputs ("resample"), or their mean over the pairs
@@ -114,6 +121,7 @@ class EdgeHooks:
         self.graph, self.removed, self.source, self.scale = graph, removed, source, float(scale)
         self.with_leaves, self.embed_override = with_leaves, embed_override
         self.w_o = head_output_weights(model)  # [layer, head, d_head, d_model]
+        self.post_norms = post_attention_norms(model)  # per layer: (gain [d_model], eps) or None
         self.mlp_names = [mlp_hook_name(model, l) for l in range(graph.n_layers)] if not graph.attn_only else []
         self.current: dict[int, torch.Tensor] = {}  # sender index -> its output [row, pos, d_model] in this forward
         self.leaves: dict[str, torch.Tensor] = {}  # hook name -> zero leaf
@@ -140,6 +148,18 @@ class EdgeHooks:
             for h in range(out.shape[0]):
                 self.current[first + h] = out[h]
             return z
+        return hook
+
+    def _post_norm(self, layer: int):
+        """Scale layer `layer`'s head outputs by the post-attention norm's gain / rms of their sum (frozen scale)."""
+        first = self.sender_at[f"L{layer}H0"]
+        gain, eps = self.post_norms[layer]
+
+        def hook(x, hook=None):  # x: [row, pos, d_model], the attention output entering the norm
+            scale = post_norm_scales(x, gain, eps)  # [row, pos, d_model]
+            for h in range(self.graph.n_heads):
+                self.current[first + h] = self.current[first + h] * scale.to(x.dtype)
+            return x
         return hook
 
     def _mlp(self, layer: int):
@@ -198,6 +218,8 @@ class EdgeHooks:
         for layer in range(self.graph.n_layers):
             out += [self._head_inputs(layer, c) for c in ("q", "k", "v")]
             out.append((hook_name("z", layer), self._heads(layer)))
+            if self.post_norms[layer] is not None:
+                out.append((post_attention_hook(layer), self._post_norm(layer)))
             if not self.graph.attn_only:
                 out.append(self._single_input(f"MLP{layer}", mlp_input_hook(layer)))
                 out.append((self.mlp_names[layer], self._mlp(layer)))
@@ -228,6 +250,44 @@ class EdgeHooks:
 FINAL_INPUT_HOOK = "ln_final.hook_in"  # [row, pos, d_model], the last residual before the final norm
 
 
+def post_attention_hook(layer: int) -> str:
+    """The input of a block's post-attention norm (Gemma-3): the heads' summed output [row, pos, d_model]."""
+    return f"blocks.{int(layer)}.ln1_post.hook_in"
+
+
+def post_attention_norms(model: Any) -> list[tuple[torch.Tensor, float] | None]:
+    """Per layer, the post-attention RMSNorm's (gain [d_model], eps), or None where the block has none.
+
+    The gain is read off the module itself, norm(ones) * sqrt(1 + eps), so Gemma's (1 + weight) and the
+    plain weight convention both come out right; a post-attention LayerNorm (it subtracts the mean and adds
+    a bias, so the heads' shares are not a scaling) is refused.
+    """
+    out: list[tuple[torch.Tensor, float] | None] = []
+    for block in model.blocks:
+        bridge = getattr(block, "ln1_post", None)
+        if bridge is None:
+            out.append(None)
+            continue
+        norm = getattr(bridge, "original_component", None) or bridge
+        eps = getattr(norm, "eps", None)
+        eps = float(getattr(norm, "variance_epsilon", 1e-6) if eps is None else eps)
+        if "RMS" not in type(norm).__name__:
+            raise HeadLabError(f"this model normalizes each attention output with a {type(norm).__name__} before the "
+                               "residual; HeadLab splits it among the heads only for an RMSNorm (Gemma-3).")
+        weight = next(norm.parameters())
+        with torch.no_grad():
+            ones = torch.ones(1, weight.shape[-1], dtype=torch.float32, device=weight.device)
+            gain = norm(ones.to(weight.dtype)).float()[0] * (1.0 + eps) ** 0.5
+        out.append((gain, eps))
+    return out
+
+
+def post_norm_scales(x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
+    """gain / rms(x) per position, float32 [row, pos, d_model]: RMSNorm(x) == x * this, so it splits among x's parts."""
+    inverse_rms = torch.rsqrt(x.detach().float().pow(2).mean(dim=-1, keepdim=True) + eps)
+    return inverse_rms * gain
+
+
 def mlp_input_hook(layer: int) -> str:
     """The MLP's input: the residual entering its norm, [row, pos, d_model]."""
     return f"blocks.{int(layer)}.ln2.hook_in"
@@ -238,11 +298,7 @@ def mlp_input_hook(layer: int) -> str:
 
 def check_edge_model(model: Any) -> EdgeGraph:
     """The model's edge graph, refused with a clear message when its hooks cannot carry edges."""
-    n_layers, n_heads, _ = model_shape(model)
-    n_kv = getattr(model.cfg, "n_key_value_heads", None)
-    if n_kv is not None and int(n_kv) != n_heads:
-        raise HeadLabError(f"this model shares each key/value head among {n_heads // int(n_kv)} query heads (GQA), so a "
-                           "head's own key or value input is undefined and HeadLab's edge graph does not apply.")
+    n_layers, _, _ = model_shape(model)
     if not hasattr(model, "set_use_split_qkv_input"):
         raise HeadLabError("this model offers no per-head attention inputs (set_use_split_qkv_input); edge methods need "
                            "a TransformerLens TransformerBridge.")
@@ -268,25 +324,43 @@ def pair_metric(settings: EdgeSettings) -> str:
     return "logit_diff" if settings.metric == "kl" else settings.metric
 
 
-def edge_pair_bytes(shape: ForwardShape, graph: EdgeGraph, seq_len: int, grad: bool) -> int:
-    """Peak bytes one clean/corrupted pair adds to an edge run.
+def kept_pair_bytes(shape: ForwardShape, graph: EdgeGraph, seq_len: int) -> int:
+    """Bytes of one pair's sender outputs, clean and corrupted ([sender, pos, d_model] twice, float32): kept for
+    every pair of the run (ACDC and the curves revisit every chunk)."""
+    return 2 * len(graph.senders) * int(seq_len) * shape.d_model * 4
 
-    Both runs' sender outputs ([sender, pos, d_model] twice, float32), plus one forward with the per-head
-    q/k/v copies (3 x n_heads residuals per layer) and, with grad, every layer's activations and the
-    receivers' gradients.
+
+def edge_forward_bytes(shape: ForwardShape, graph: EdgeGraph, seq_len: int, grad: bool) -> int:
+    """Peak bytes one pair adds to one edge forward (and backward, with grad).
+
+    One layer's activations with the per-head q/k/v residual copies (3 x n_heads, each also normed; under
+    GQA the k and v copies are per query head too), and the logits at every position once (the
+    unembedding's output is not kept per layer; with a 262k vocabulary it is the largest term). With grad,
+    every layer's activations are kept for the backward, the logits' gradient, and the receivers' gradients.
     """
     residual = int(seq_len) * shape.d_model * 4
-    kept = 2 * len(graph.senders) * residual
-    forward = forward_bytes(shape, seq_len, logit_rows=seq_len) + 3 * graph.n_heads * residual * 2
-    return kept + ((graph.n_layers + 1) * forward + len(graph.receivers) * residual if grad else forward)
+    logits = forward_bytes(shape, seq_len, logit_rows=seq_len) - forward_bytes(shape, seq_len, logit_rows=0)
+    layer = forward_bytes(shape, seq_len, logit_rows=0) + 3 * graph.n_heads * residual * 2
+    if not grad:
+        return layer + logits
+    # the backward through the query-row indexing makes a gradient of the full logits' size
+    return (graph.n_layers + 1) * layer + 2 * logits + len(graph.receivers) * residual
+
+
+def edge_pair_bytes(shape: ForwardShape, graph: EdgeGraph, seq_len: int, grad: bool) -> int:
+    """Peak bytes one clean/corrupted pair adds to an edge run: its kept sender outputs and its forward."""
+    return kept_pair_bytes(shape, graph, seq_len) + edge_forward_bytes(shape, graph, seq_len, grad)
 
 
 def edges_per_chunk(model: Any, pair: PatchPair, graph: EdgeGraph, settings: EdgeSettings, grad: bool = False) -> int:
-    """Pairs per forward: settings.batch_size, else as many as the free memory holds (HeadLabError when none fits)."""
+    """Pairs per forward: settings.batch_size, else as many as the free memory holds once every pair's sender
+    outputs are set aside (HeadLabError when none fits)."""
     if settings.batch_size is not None:
         return min(settings.batch_size, pair.n_examples)
-    per_example = edge_pair_bytes(ForwardShape.of_model(model), graph, pair.seq_len, grad)
-    return chunk_size_for(per_example, pair.n_examples, memory_budget(model_device(model)), "edge patching")
+    shape = ForwardShape.of_model(model)
+    return chunk_size_for(edge_forward_bytes(shape, graph, pair.seq_len, grad), pair.n_examples,
+                          memory_budget(model_device(model)), "edge patching",
+                          reserved=pair.n_examples * kept_pair_bytes(shape, graph, pair.seq_len))
 
 
 def check_edge_run_fits(config: Any, seq_len: int, dtype: torch.dtype, grad: bool, device: str = "cpu",

@@ -9,7 +9,11 @@ corrupted prompts when denoising, the clean ones when noising),
 So only what the senders send into the receivers' chosen inputs (directly, or through MLPs)
 changes. Step 2 uses TransformerLens's per-head attention inputs (`cfg.use_split_qkv_input`,
 hooks blocks.{l}.attn.hook_{q,k,v}_input [batch, pos, head, d_model]), switched on for the run and
-restored after. TransformerLens 4.3's own `patching.get_act_patch_direct_path` patches one sender
+restored after. Under grouped-query attention (GQA: n_key_value_heads < n_heads) the key and value
+inputs are per *query* head too (MIB's convention, TransformerLens's ungroup_grouped_query_attention):
+for the run each query head gets its own copy of its group's K and V projection
+(`ungrouped_key_values`), so patching into receiver L5H2's keys changes query head 2's keys alone and
+leaves the other heads of its group reading the unpatched residual. TransformerLens 4.3's own `patching.get_act_patch_direct_path` patches one sender
 into one receiver at a time with MLPs frozen; groups of senders and receivers, with random sender
 groups as controls, need this module.
 """
@@ -70,34 +74,89 @@ def check_components(components: Sequence[str] | str) -> tuple[str, ...]:
     return tuple(sorted(set(items), key=COMPONENTS.index))
 
 
-def _check_route(model: Any, senders: HeadSet, receivers: HeadSet, components: tuple[str, ...]) -> None:
-    n_layers, n_heads, _ = model_shape(model)
+def _check_route(model: Any, senders: HeadSet, receivers: HeadSet) -> None:
     if max(senders.layers) >= min(receivers.layers):
         raise HeadLabError(f"every sender must sit in a layer before every receiver; senders reach layer "
                            f"{max(senders.layers)} and receivers start at layer {min(receivers.layers)}.")
-    n_kv = getattr(model.cfg, "n_key_value_heads", None)
-    if n_kv is not None and int(n_kv) != n_heads and set(components) & {"k", "v"}:
-        raise HeadLabError(f"this model shares each key/value head among {n_heads // int(n_kv)} query heads (GQA), so a "
-                           "receiver's own key or value input is undefined; patch into queries ('q').")
     if not hasattr(model, "set_use_split_qkv_input"):
         raise HeadLabError("this model offers no per-head attention inputs (set_use_split_qkv_input); path patching "
                            "needs a TransformerLens TransformerBridge.")
 
 
+def key_value_heads(model: Any) -> int:
+    """The number of key/value heads (n_heads unless the model shares them among query heads, GQA)."""
+    n_heads = int(model.cfg.n_heads)
+    return int(getattr(model.cfg, "n_key_value_heads", None) or n_heads)
+
+
+def _projection(module: Any) -> torch.nn.Linear:
+    """The nn.Linear behind a bridge's LinearBridge (or the module itself)."""
+    return getattr(module, "original_component", None) or module
+
+
 @contextmanager
-def split_qkv_inputs(model: Any) -> Iterator[None]:
-    """Per-head q/k/v inputs on for the duration (they cost 3 x n_heads copies of the residual); flags restored."""
-    saved_split = bool(getattr(model.cfg, "use_split_qkv_input", False))
-    saved_attn_in = bool(getattr(model.cfg, "use_attn_in", False))
+def ungrouped_key_values(model: Any) -> Iterator[None]:
+    """Under GQA, for the duration: every query head owns a copy of its group's K and V projection.
+
+    Query head h reads key/value head h // (n_heads / n_kv_heads) (repeat_kv's order), so repeating each
+    group's rows of k_proj / v_proj that many times gives a model with one key/value head per query head
+    whose every output is the grouped model's, bit for bit; its hook_{k,v}_input then have one residual
+    copy per query head. Weights, the attention's num_key_value_groups and the configs' n_key_value_heads
+    are restored after. A model without GQA is left as it is.
+    """
+    n_heads, n_kv = int(model.cfg.n_heads), key_value_heads(model)
+    if n_kv == n_heads:
+        yield
+        return
+    if n_heads % n_kv:
+        raise HeadLabError(f"this model has {n_heads} query heads and {n_kv} key/value heads, which do not divide; "
+                           "HeadLab cannot tell which query heads share a key/value head.")
+    group = n_heads // n_kv
+    configs = list({id(c): c for c in [model.cfg] + [block.attn.config for block in model.blocks]}.values())
+    saved: list[tuple[Any, str, Any]] = []  # (object, attribute, value) to put back
     try:
-        if saved_attn_in:  # the two per-head forks exclude each other
-            model.set_use_attn_in(False)
-        model.set_use_split_qkv_input(True)
+        for block in model.blocks:
+            attention = block.attn.original_component
+            for name in ("k_proj", "v_proj"):
+                linear = _projection(getattr(attention, name))
+                rows = linear.weight.shape[0]  # n_kv * d_head
+                saved += [(linear, "weight", linear.weight), (linear, "bias", linear.bias),
+                          (linear, "out_features", linear.out_features)]
+                weight = linear.weight.detach().reshape(n_kv, rows // n_kv, -1).repeat_interleave(group, dim=0)
+                linear.weight = torch.nn.Parameter(weight.reshape(group * rows, -1), requires_grad=False)
+                if linear.bias is not None:
+                    bias = linear.bias.detach().reshape(n_kv, rows // n_kv).repeat_interleave(group, dim=0)
+                    linear.bias = torch.nn.Parameter(bias.flatten(), requires_grad=False)
+                linear.out_features = group * rows
+            saved.append((attention, "num_key_value_groups", getattr(attention, "num_key_value_groups", 1)))
+            attention.num_key_value_groups = 1
+        for config in configs:
+            saved.append((config, "n_key_value_heads", config.n_key_value_heads))
+            config.n_key_value_heads = n_heads
         yield
     finally:
-        model.set_use_split_qkv_input(saved_split)
-        if saved_attn_in:
-            model.set_use_attn_in(True)
+        for owner, attribute, value in reversed(saved):
+            setattr(owner, attribute, value)
+
+
+@contextmanager
+def split_qkv_inputs(model: Any) -> Iterator[None]:
+    """Per-head q/k/v inputs on for the duration (they cost 3 x n_heads copies of the residual); flags restored.
+
+    Under GQA the key/value inputs are per query head too (ungrouped_key_values).
+    """
+    saved_split = bool(getattr(model.cfg, "use_split_qkv_input", False))
+    saved_attn_in = bool(getattr(model.cfg, "use_attn_in", False))
+    with ungrouped_key_values(model):
+        try:
+            if saved_attn_in:  # the two per-head forks exclude each other
+                model.set_use_attn_in(False)
+            model.set_use_split_qkv_input(True)
+            yield
+        finally:
+            model.set_use_split_qkv_input(saved_split)
+            if saved_attn_in:
+                model.set_use_attn_in(True)
 
 
 def _sender_hooks(runs: ChunkRuns, senders: HeadSet, source_z: Sequence[torch.Tensor], last_layer: int) -> list[Hook]:
@@ -173,7 +232,7 @@ def path_patching(model: Any, pair: PatchPair, senders: HeadSet, receivers: Head
     senders = check_selection(senders, n_layers, n_heads)
     receivers = check_selection(receivers, n_layers, n_heads)
     components = check_components(components)
-    _check_route(model, senders, receivers, components)
+    _check_route(model, senders, receivers)
     check_pair_fits(model, pair)
     # matched controls whatever settings.controls says: in the senders' own layers, so before every receiver too
     sets = matched_random_controls(senders, n_layers, n_heads, settings.n_controls, settings.control_seed)
