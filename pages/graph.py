@@ -195,8 +195,10 @@ def show(ws, pairs, settings, key, report, circuit) -> None:
     true_edges = () if circuit is None else circuit.edge_texts
     if circuit is not None:
         found = sorted(set(report.discovered) & set(true_edges))
+        missed = sorted(set(true_edges) - set(report.discovered))
         st.caption(f"Known circuit (circuit.json): {len(true_edges)} edges; the discovered set holds {len(found)} of "
-                   f"them{': ' + ', '.join(found) if found else ''}.")
+                   f"them{': ' + ', '.join(found) if found else ''}."
+                   + (f" Missed by {s.method}: {', '.join(missed)}." if missed else " None missed."))
 
     heads = report.heads
     s1, s2 = st.columns([3, 1], vertical_alignment="bottom")

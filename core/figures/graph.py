@@ -1,7 +1,8 @@
 """Figures of edge-level circuit discovery (core.pipelines.edges.EdgeReport), shared by the app and exports.
 
 - `circuit_graph_figure`: the edge graph laid out by layer, every edge with |score| >= threshold drawn
-  as a line whose width is proportional to |score| (colour: sign; dash: the receiver's input);
+  as a line whose width is proportional to |score| (colour: sign; dash: the receiver's input); on a
+  large model only the nodes those edges touch are named;
 - `faithfulness_figure`: the faithfulness of the top-k edges against the fraction of edges kept, CPR and
   CMD in the title;
 - `edge_controls_strip`: the discovered edge set's faithfulness against its matched-random edge sets;
@@ -41,6 +42,7 @@ MAX_WIDTH = 8.0  # px, the edge of largest |score| drawn
 MIN_WIDTH = 0.4  # px, so that a drawn edge of tiny |score| stays visible
 MAX_DRAWN = 400  # edges drawn at most (the largest |score| first): one trace each
 NODE_PICK, EDGE_PICK = "node:", "edge:"
+LABEL_EVERY_NODE = 80  # a graph with more nodes names only those the drawn edges touch
 
 
 def _scores_of(report_or_scores: Any) -> tuple[Any, Any]:
@@ -175,14 +177,19 @@ def circuit_graph_figure(report_or_scores: Any, threshold: float = 0.0, max_edge
     for node in names:
         t = totals.get(node, {"in": 0.0, "out": 0.0, "n_in": 0, "n_out": 0})
         hover.append(f"{node}: {t['n_out']} edges out, sum {t['out']:.3f}; {t['n_in']} in, sum {t['in']:.3f}")
+    # a large model (a real one has 300 nodes): only the nodes the drawn edges touch are named and drawn full size
+    touched = {n for i in chosen for n in (Edge.parse(scores.edges[i]).sender, Edge.parse(scores.edges[i]).receiver)}
+    large = len(names) > LABEL_EVERY_NODE
+    on = [not large or n in touched or n in (EMBED, LOGITS) or n == selected for n in names]
     fig.add_trace(go.Scatter(
         x=[pos[n][0] for n in names], y=[pos[n][1] for n in names], mode="markers+text", name="nodes",
-        text=names, textposition="top center", customdata=[NODE_PICK + n for n in names], hovertext=hover,
+        text=[n if shown else "" for n, shown in zip(names, on)], textposition="top center",
+        textfont=dict(size=10 if large else 12), customdata=[NODE_PICK + n for n in names], hovertext=hover,
         hovertemplate="%{hovertext}<extra></extra>", showlegend=False,
-        marker=dict(size=[18 if n == selected else 13 for n in names], symbol=[
+        marker=dict(size=[18 if n == selected else 13 if shown else 6 for n, shown in zip(names, on)], symbol=[
             "square" if node_kind(n) == "mlp" else "diamond" if node_kind(n) in (EMBED, LOGITS) else "circle"
-            for n in names], color=[NODE_COLORS[node_kind(n)] for n in names],
-            line=dict(width=[3 if n == selected else 1 for n in names], color="#222"))))
+            for n in names], color=[NODE_COLORS[node_kind(n)] if shown else "#cccccc" for n, shown in zip(names, on)],
+            line=dict(width=[3 if n == selected else 1 if shown else 0 for n, shown in zip(names, on)], color="#222"))))
     inputs_drawn = {Edge.parse(scores.edges[i]).input for i in chosen}
     for component in ("q", "k", "v", ""):  # legend: the inputs drawn (dash), then the signs (colour)
         if component in inputs_drawn:
@@ -192,15 +199,16 @@ def circuit_graph_figure(report_or_scores: Any, threshold: float = 0.0, max_edge
                         ("patching helps (score < 0)", NEGATIVE_COLOR)):
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=name, line=dict(color=color, width=4)))
     ticks = list(range(-1, graph.n_layers + 1))
-    labels = ["embed"] + [f"layer {l}" for l in range(graph.n_layers)] + ["logits"]
+    many = graph.n_layers > 12  # "layer 17" under each of 30 layers collides: numbers, and the axis named once
+    labels = ["embed"] + [str(l) if many else f"layer {l}" for l in range(graph.n_layers)] + ["logits"]
     fig.update_xaxes(tickmode="array", tickvals=ticks, ticktext=labels, showgrid=False, zeroline=False,
-                     range=[-1.5, graph.n_layers + 0.5])
+                     range=[-1.5, graph.n_layers + 0.5], title_text="layer" if many else None)
     spread = (graph.n_heads - 1) / 2
     fig.update_yaxes(visible=False, range=[-spread - 0.8, spread + 0.9])
     shown = f"{len(chosen)} of {len(values)} edges with |score| ≥ {threshold:.3g}"
     if len(chosen) == max_edges and np.sum(np.abs(values) >= threshold) > max_edges:
         shown += f" (the {max_edges} largest drawn)"
-    fig.update_layout(template=SCREEN, height=max(380, 140 + 70 * graph.n_heads),
+    fig.update_layout(template=SCREEN, height=max(380, 140 + (55 if graph.n_heads > 6 else 70) * graph.n_heads),
                       title=f"circuit graph ({scores.method}, {scores.metric}): {shown}")
     _legend_on_top(fig)
     caption = ("score: the fraction of the clean-corrupted gap lost when the edge alone is patched (its first-order "
