@@ -22,8 +22,7 @@ from typing import Callable
 import torch
 
 from core.errors import HeadLabError
-from core.executor import Executor, ProgressBar, ProgressFn, SerialExecutor, SweepFailed, Task, tqdm_progress
-from core.threads import apply_thread_policy
+from core.executor import Executor, ProgressBar, ProgressFn, SerialExecutor, SweepFailed, Task, run_task, tqdm_progress
 from core.workspace import zoo_dir
 from core.tasks.sequences import check_hhg_format
 from core.zoo.config import SEQUENCE_TASKS, ModelConfig, TrainConfig
@@ -31,6 +30,10 @@ from core.model.refs import read_manifest
 from core.zoo.train import batch_at, build_model, train_model, training_loss
 
 MODEL_KINDS = ("induction", "shifted", "moe", "reverse", "sort")
+# Torch threads per zoo model, fixed: a count chosen from the machine's load gave a busy machine other
+# weights (and other README tour figures) than an idle one. One thread: on 2 shared cores a second
+# thread beside other work costs more than it gives (core/threads.py), and CI trains at one per model.
+ZOO_THREADS_PER_MODEL = 1
 
 # The zoo's shapes and recipes; the measurements behind them are in the module notes and the
 # helper report (TRAINING-NOTES.md recipe: full rotary, seq 64, 500 pure-repeat steps, then 50/50).
@@ -330,12 +333,15 @@ def train_zoo(preset: str = "quick", progress: bool | Callable[[int, int, float]
               hhg_format: str = "headlab") -> list[dict]:
     """Train every missing model of `preset` under zoo_dir() (resuming incomplete ones); return records.
 
-    Without an executor, models train here one after another, each at the thread policy's count
-    (at most 2) with a per-step bar (or `progress` called per step). With one (SerialExecutor,
-    RayExecutor), each model still to train is one task at `threads_per_model` torch threads (default
-    1) reserving as many CPUs, so a Ray node never runs more threads than it has cores; one bar
-    counts models. The same thread count gives bit-identical checkpoints on either executor (a
-    resumed model keeps the count it started with: core/zoo/train.py). hhg_format: see `preset_entries`.
+    Every model trains at `threads_per_model` torch threads (default ZOO_THREADS_PER_MODEL, 1), never
+    at a count chosen from the machine's load: float sums differ between thread counts, so the count
+    sets the weights, and a fixed one makes the zoo (and the README tour made from it) the same on a
+    busy machine and an idle one (the manifest records it). Without an executor, models train here
+    one after another with a per-step bar (or `progress` called per step). With one (SerialExecutor,
+    RayExecutor), each model still to train is one task reserving as many CPUs as threads, so models
+    train side by side on a Ray node's cores; one bar counts models. The same thread count gives
+    bit-identical checkpoints on either executor (a resumed model keeps the count it started with:
+    core/zoo/train.py). hhg_format: see `preset_entries`.
     """
     check_threads_per_model(threads_per_model)
     entries = preset_entries(preset, only, hhg_format)
@@ -351,13 +357,13 @@ def train_zoo(preset: str = "quick", progress: bool | Callable[[int, int, float]
             records[name] = zoo_record(manifest)
         else:
             todo.append((name, model_cfg, train_cfg))
+    threads = int(threads_per_model or ZOO_THREADS_PER_MODEL)
     if executor is None:
-        for name, model_cfg, train_cfg in todo:
-            apply_thread_policy(ceiling=2)  # per model, for the load now; at most 2: the zoo's figures were made so
-            manifest = train_model(name, model_cfg, train_cfg, zoo_dir() / name, progress=progress or None)
+        for name, model_cfg, train_cfg in todo:  # at a fixed count, never the load's: the count sets the weights
+            manifest = run_task(train_model, (name, model_cfg, train_cfg, zoo_dir() / name),
+                                {"progress": progress or None}, threads)
             records[name] = zoo_record(manifest)
     elif todo:
-        threads = int(threads_per_model or 1)
         with ProgressBar(total=len(todo), unit="model", desc=f"zoo {preset} ({executor.describe()})",
                   disable=not progress) as bar:
             records.update(_train_on(executor, todo, threads, tqdm_progress(bar) if progress else None))

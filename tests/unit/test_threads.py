@@ -78,3 +78,38 @@ def test_apply_sets_torch_threads(monkeypatch):
         assert apply_thread_policy().threads == 2 and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def _train_tiny_zoo(home, monkeypatch, torch_threads: int, env_threads: str) -> dict:
+    """Train a tiny preset (one model, 3 steps) into `home` after the CLI's thread policy chose
+    `torch_threads` (HEADLAB_THREADS=env_threads); (manifest threads, final weights)."""
+    from safetensors.torch import load_file
+
+    from core.model.refs import read_manifest
+    from core.zoo import presets
+    from core.zoo.config import ModelConfig, TrainConfig
+
+    model = ModelConfig(family="gpt_neox", n_layers=2, n_heads=4, d_model=64, d_ff=256, vocab_size=260,
+                        max_seq_len=64, rotary_pct=1.0, use_parallel_residual=True)
+    train = TrainConfig(task="duplicate", steps=3, batch_size=16, seq_len=64, repeat_warmup_steps=0,
+                        stop_accuracy=None, eval_every=100, eval_examples=4, final_examples=4, n_log_checkpoints=2)
+    monkeypatch.setitem(presets.ZOO_PRESETS, "tiny", [("tiny", model, train)])
+    monkeypatch.setenv("HEADLAB_HOME", str(home))
+    monkeypatch.setenv(THREADS_ENV, env_threads)
+    torch.set_num_threads(torch_threads)
+    presets.train_zoo("tiny", progress=False)
+    folder = home / "zoo" / "tiny"
+    last = sorted((folder / "checkpoints").iterdir())[-1]
+    return read_manifest(folder)["threads"], load_file(last / "model.safetensors")
+
+
+def test_zoo_weights_do_not_follow_the_machines_load(tmp_path, monkeypatch):
+    """The zoo trains each model at ZOO_THREADS_PER_MODEL threads whatever count the thread policy chose
+    for the load (2 free cores, or 1 busy one): the same weights bit for bit, the count in the manifest."""
+    from core.zoo.presets import ZOO_THREADS_PER_MODEL
+
+    idle = _train_tiny_zoo(tmp_path / "idle", monkeypatch, torch_threads=2, env_threads="2")
+    busy = _train_tiny_zoo(tmp_path / "busy", monkeypatch, torch_threads=1, env_threads="1")
+    assert idle[0] == busy[0] == ZOO_THREADS_PER_MODEL
+    assert idle[1].keys() == busy[1].keys()
+    assert all(torch.equal(idle[1][k], busy[1][k]) for k in idle[1])
