@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import struct
 from pathlib import Path
 from typing import Any, Iterator
@@ -84,6 +85,19 @@ def _offline(active: bool) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@contextlib.contextmanager
+def _no_hf_progress_bars() -> Iterator[None]:
+    """transformers' own bars off for one load ("Loading weights: 100%" once per checkpoint, 30 lines
+    for a screen, buried HeadLab's output); HeadLab's bars stay; the setting is restored after."""
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def load_config(ref: ModelRef, revision: str | None = None) -> Any:
@@ -182,7 +196,7 @@ def load_hf_model(ref: ModelRef, revision: str | None = None, device: str = "cpu
     else:
         kwargs["revision"] = revision
     try:
-        with _offline(local):
+        with _offline(local), _no_hf_progress_bars():
             model = AutoModelForCausalLM.from_pretrained(str(source), **kwargs)
     except Exception as exc:
         if local:
@@ -244,6 +258,8 @@ def load_model(ref: ModelRef, revision: str | None = None, device: str = "cpu",
     source = checkpoint_path(ref, revision)
     local = ref.kind != "hub"
     tokenizer = None
+    if local:
+        check_tokenizer_files(Path(source))  # tokenizer_config.json without tokenizer.json: say so
     if local and not any((Path(source) / f).is_file() for f in _TOKENIZER_FILES):
         tokenizer = byte_tokenizer(add_bos=True)
     try:
@@ -261,12 +277,27 @@ def load_model(ref: ModelRef, revision: str | None = None, device: str = "cpu",
 
 
 def check_device(device: str) -> str:
-    """The device name, or HeadLabError: cuda without a GPU, or a device HeadLab does not run on."""
-    device = str(device)
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise HeadLabError(f"device {device!r} was asked for but no CUDA GPU is present; use cpu.")
-    if not (device == "cpu" or device.startswith("cuda") or device == "mps"):
-        raise HeadLabError(f"unknown device {device!r}; use cpu or cuda.")
+    """The device name, or HeadLabError: empty, a device HeadLab does not run on (tpu, ...), cuda or cuda:N
+    without that GPU, mps without Apple's backend. The one check of a device, made by the CLI's argument layer
+    (core/cli/probe.py add_device_arguments) before any estimate or work, and again by every loader."""
+    device = str(device).strip()
+    if not device:
+        raise HeadLabError("--device is empty; use cpu, or cuda / cuda:N on a machine with an NVIDIA GPU.")
+    match = re.fullmatch(r"cuda(?::(\d+))?", device)
+    if match:
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise HeadLabError(f"device {device!r} was asked for but no CUDA GPU is present; use cpu.")
+        if match.group(1) is not None and int(match.group(1)) >= count:
+            raise HeadLabError(f"device {device!r} was asked for but this machine has {count} CUDA GPU(s) "
+                               f"(cuda:0..cuda:{count - 1}); use one of those or cpu.")
+        return device
+    if device == "mps":
+        if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+            raise HeadLabError("device 'mps' was asked for but Apple's MPS backend is not available here; use cpu.")
+        return device
+    if device != "cpu":
+        raise HeadLabError(f"unknown device {device!r}; use cpu, or cuda / cuda:N on a machine with an NVIDIA GPU.")
     return device
 
 

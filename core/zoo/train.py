@@ -445,7 +445,11 @@ def train_model(
     tokens_per_step = _tokens_per_step(train_cfg)
     bar = None
     if progress is True:
-        bar = ProgressBar(total=total, initial=meta["step"], desc=name, unit="step", leave=True)
+        # a run that stops early (reverse-hhg: ~1,200 of 15,000 steps) shows a count and the rule that ends
+        # it, not a bar to 15,000 with a 10-hour ETA
+        early = train_cfg.task in SEQUENCE_TASKS and train_cfg.stop_accuracy is not None
+        desc = f"{name} (until {train_cfg.stop_accuracy:.0%} train exact match, at most {total} steps)" if early else name
+        bar = ProgressBar(total=None if early else total, initial=meta["step"], desc=desc, unit="step", leave=True)
     callback = progress if callable(progress) else None
 
     def manifest(complete: bool, final: dict | None = None) -> dict:
