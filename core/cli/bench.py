@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 
 from core.bench.ablation import bench_ablation
+from core.bench.dtype import REAL_MODELS, bench_dtype
 from core.bench.edges import bench_edges
 from core.bench.ising import bench_ising
 from core.bench.live import bench_live
@@ -266,6 +267,45 @@ def cli_bench_probe(args: argparse.Namespace) -> dict:
     return result
 
 
+# ---------------------------------------------------------------- bench dtype
+
+
+def add_bench_dtype_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--models", nargs="+", default=list(REAL_MODELS),
+                        help="zoo models, each loaded in float32 and bfloat16 (default: the two real models)")
+    parser.add_argument("--n-examples", type=int, default=16, help="probe examples N (default 16)")
+    parser.add_argument("--seq-len", type=int, default=64, help="sequence length T (default 64)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed forward repeats; medians are reported (default 3)")
+    parser.add_argument("--controls", type=int, default=5, help="matched-random controls of the ablation study (default 5)")
+    parser.add_argument("--pairs", type=int, default=8, help="IOI pairs activation-patched over every head (default 8)")
+    parser.add_argument("--skip-patching", action="store_true", help="leave out the patching comparison")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+
+
+def cli_bench_dtype(args: argparse.Namespace) -> dict:
+    for name in ("n_examples", "seq_len", "repeats", "controls", "pairs", "threads"):
+        if getattr(args, name) < 1:
+            raise HeadLabError(f"--{name.replace('_', '-')} is {getattr(args, name)}; give a whole number of at least 1.")
+    torch.set_num_threads(args.threads)
+    r = bench_dtype(tuple(args.models), args.n_examples, args.seq_len, args.repeats, args.controls, args.pairs,
+                    args.skip_patching)
+    for name, m in r["models"].items():
+        print(f"dtype bench {name} (N={r['n_examples']}, T={r['seq_len']}, {r['threads']} threads): forward float32 "
+              f"{m['forward']['float32']['median_s']:.2f} s, bfloat16 {m['forward']['bfloat16']['median_s']:.2f} s "
+              f"({m['forward_speedup_bf16']:.2f}x); top-1 agreement {m['top1_agreement_every_position']:.3f}")
+        for key, c in m["probe_statistics"].items():
+            print(f"  probe {key}: max |diff| {c['max_abs_diff']:.3g} ({c['max_diff_over_spread'] or 0:.3f} of the "
+                  f"spread over heads), Spearman {c['spearman']:.4f}, top-5 overlap {c['top5_overlap']}")
+        for metric, a in m["ablation"]["metrics"].items():
+            print(f"  ablation {metric}: candidate delta {a['float32_candidate_delta']:.4g} vs {a['bfloat16_candidate_delta']:.4g};"
+                  f" largest diff {a['max_diff_over_ci_half_width'] or 0:.3f} of the CI half-width")
+        if "patching" in m:
+            p = m["patching"]
+            print(f"  activation patching: max |diff| {p['activation']['max_abs_diff']:.3g}, Spearman "
+                  f"{p['activation']['spearman']:.4f}, top-10 overlap {p['activation']['top10_overlap']}")
+    return r
+
+
 # ---------------------------------------------------------------- bench scale
 
 
@@ -355,6 +395,8 @@ BENCHES: dict[str, tuple[Callable, Callable, str]] = {
     "patch": (add_bench_patch_arguments, cli_bench_patch, "attribution vs activation patching over every head of a zoo model"),
     "edges": (add_bench_edges_arguments, cli_bench_edges,
               "EAP vs brute-force edge patching, EAP-IG vs EAP, EAP's memory at Pythia-160m's shape"),
+    "dtype": (add_bench_dtype_arguments, cli_bench_dtype,
+              "bfloat16 vs float32 on the real models: forward time and every statistic's error"),
     "live": (add_bench_live_arguments, cli_bench_live,
              "the ablation lab's click: recording its own clean run vs from the kept one"),
     "screen": (add_bench_screen_arguments, cli_bench_screen,

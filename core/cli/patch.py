@@ -8,14 +8,14 @@ import argparse
 import numpy as np
 
 from core.executor import ProgressBar
-from core.ablation.patching import PATCH_METRICS, PatchSettings
+from core.ablation.patching import GRADIENT_METRICS, PATCH_METRICS, PatchSettings
 from core.cli.probe import (PAIR_TASKS, add_corruption_argument, add_probe_file_arguments, add_probe_spec_arguments,
                             built_in_pairs)
 from core.errors import HeadLabError
 from core.heads import HeadSet, head_name, parse_heads
 from core.model.loading import load_config
 from core.model.refs import ModelRef, resolve_checkpoint
-from core.pipelines.patching import PatchingReport, PatchPlan, patch_model
+from core.pipelines.patching import DEFAULT_TOP_K, PatchingReport, PatchPlan, check_top_k, patch_model
 from core.stats.controls import CONTROL_KINDS
 from core.stats.inference import format_rank_z
 from core.stats.patching import DIRECTIONS
@@ -42,6 +42,10 @@ def add_patch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--receivers", default=None, help='path patching: receiver heads, e.g. "L1H2,L1H3"')
     parser.add_argument("--component", default="k", help="receivers' inputs the path enters: q, k, v or a list like q,k (default k)")
     parser.add_argument("--no-attribution", action="store_true", help="skip attribution patching")
+    parser.add_argument("--top-k", default=None,
+                        help=f"activation-patch only the K heads attribution patching ranks largest, the rest keep "
+                             f"attribution's estimate (default {DEFAULT_TOP_K}, on a model with more heads); 'all' "
+                             f"patches every head")
     parser.add_argument("--corrupt-seed", type=int, default=0,
                         help="seed of the corrupted earlier A, or of ioi's ABC names (default 0)")
     add_corruption_argument(parser)
@@ -57,6 +61,24 @@ def _heads(text: str | None, n_layers: int, n_heads: int) -> HeadSet | None:
     return None if text is None else parse_heads(text, n_layers, n_heads)
 
 
+def top_k_from_args(text: str | None, n_heads_total: int, attribution: bool, metric: str) -> int | None:
+    """--top-k as PatchPlan.top_k: the default when not given, None for 'all', else a whole number of heads."""
+    if text is None:
+        return DEFAULT_TOP_K
+    if text.strip().lower() == "all":
+        return None
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise HeadLabError(f"--top-k {text!r} is not a whole number; give how many heads to activation-patch "
+                           f"(e.g. --top-k 40), or --top-k all.") from None
+    value = check_top_k(value, n_heads_total)
+    if value < n_heads_total and not (attribution and metric in GRADIENT_METRICS):
+        raise HeadLabError("--top-k ranks heads by attribution patching, which needs attribution (drop --no-attribution) "
+                           f"and a metric with a gradient ({', '.join(GRADIENT_METRICS)}); or use --top-k all.")
+    return value
+
+
 def cli_patch(args: argparse.Namespace) -> dict:
     if args.probe_file is None and args.task not in PAIR_TASKS:
         raise HeadLabError("patch has built-in counterfactuals for the induction and ioi tasks only; use --task induction "
@@ -67,8 +89,10 @@ def cli_patch(args: argparse.Namespace) -> dict:
     settings = PatchSettings(direction=args.direction, metric=args.metric, per_position=args.per_position,
                              n_controls=args.controls, controls=args.control_kind, control_seed=args.control_seed,
                              batch_size=args.batch_size, allow_small_gap=args.allow_small_gap)
+    top_k = top_k_from_args(args.top_k, shape[0] * shape[1], not args.no_attribution, settings.metric)
     plan = PatchPlan(attribution=not args.no_attribution, group=_heads(args.heads, *shape),
-                     senders=_heads(args.senders, *shape), receivers=_heads(args.receivers, *shape), components=args.component)
+                     senders=_heads(args.senders, *shape), receivers=_heads(args.receivers, *shape), components=args.component,
+                     top_k=top_k)
     if args.probe_file is not None:
         pairs = read_probe_file(args.probe_file, padding=args.padding)
     else:
@@ -105,10 +129,17 @@ def report_lines(report: PatchingReport, top: int = 8) -> list[str]:
     n_heads = act.scores.shape[1]
     effect = act.scores if act.direction == "denoise" else 1.0 - act.scores
     order = np.argsort(-effect, axis=None, kind="stable")[:top]
-    lines.append("top heads: " + ", ".join(f"{head_name(divmod(int(i), n_heads))} {act.scores.flat[i]:.3f}" for i in order))
+    exact = np.ones(act.scores.shape, dtype=bool) if act.exact is None else np.asarray(act.exact, dtype=bool)
+    lines.append("top heads: " + ", ".join(f"{head_name(divmod(int(i), n_heads))} {act.scores.flat[i]:.3f}"
+                                          + ("" if exact.flat[i] else " (estimate)") for i in order))
+    if act.exact is not None:
+        patched = ",".join(head_name(head) for head in act.exact_heads())
+        lines.append(f"patched exactly ({int(exact.sum())} of {exact.size} heads, the top by attribution): {patched}; "
+                     f"the other {exact.size - int(exact.sum())} heads are attribution estimates only")
     if report.attribution is not None:
         rho = "undefined" if report.spearman is None else f"{report.spearman:.3f}"
-        lines.append(f"attribution vs activation patching over every head: Spearman {rho}")
+        over = "every head" if act.exact is None else "the heads patched exactly"
+        lines.append(f"attribution vs activation patching over {over}: Spearman {rho}")
     if report.group is not None:
         g = report.group
         lines.append(f"group {g.selection}: score {g.score:.3f}; {_against(g.stats, g.control_scores)}; "

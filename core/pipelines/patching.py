@@ -1,6 +1,11 @@
 """Model -> patching report: activation patching of every head, attribution patching and their rank agreement,
 and, when asked, a group of heads against random controls and a path between heads.
 
+On a model with more heads than the plan's top_k (DEFAULT_TOP_K: SmolLM2 has 270, one forward per head
+and pair), attribution patching runs first over every head and activation patching only on the top_k
+heads it ranks largest by |effect|; the rest keep attribution's estimate, and the report's
+activation.exact says which heads were patched exactly (docs/patching.md, "Speed: --top-k").
+
 `run_patching` works on a loaded model and a PatchPair; `patch_model` loads a checkpoint first and
 builds the pairs from their spec (the induction probe's counterfactual, or a probe file tokenized
 with the model's own tokenizer). What to run besides the
@@ -11,7 +16,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from numbers import Integral
 from typing import Any, Callable, Optional
+
+import numpy as np
 
 from core.ablation.patching import (GroupPatching, HeadAttribution, HeadPatching, PatchSettings, PathPatching,
                                     activation_patching, attribution_patching, check_components, group_patching,
@@ -19,7 +27,7 @@ from core.ablation.patching import (GroupPatching, HeadAttribution, HeadPatching
 from core.ablation.patching.runs import GRADIENT_METRICS
 from core.errors import HeadLabError
 from core.heads import HeadSet
-from core.model.hooks import model_context_length
+from core.model.hooks import model_context_length, model_shape
 from core.model.loading import DEFAULT_DTYPE, load_config, load_model
 from core.model.refs import Checkpoint, ModelRef, resolve_checkpoint
 from core.probe import check_probe_fits
@@ -30,6 +38,27 @@ from core.tasks.probe_file import ProbeFile
 
 # progress(stage, done, total): stage is "activation", "attribution", "group" or "path"
 StageProgress = Callable[[str, int, int], None]
+# heads activation-patched exactly when a model has more (the rest: attribution's estimate); measured on
+# SmolLM2 IOI pairs: docs/measurements/bench-dtype.json, patching.topk_recovery, and docs/patching.md
+DEFAULT_TOP_K = 40
+
+
+def check_top_k(top_k: Any, n_heads_total: int | None = None) -> int | None:
+    """top_k as an int (None: every head), refused unless a whole number from 1 to the model's head count."""
+    if top_k is None:
+        return None
+    if isinstance(top_k, bool) or not isinstance(top_k, Integral) or int(top_k) < 1:
+        raise HeadLabError(f"top-k is {top_k!r}; give a whole number of heads to activation-patch (at least 1), "
+                           f"or 'all' for every head.")
+    if n_heads_total is not None and int(top_k) > n_heads_total:
+        raise HeadLabError(f"top-k is {top_k} but the model has {n_heads_total} heads; give at most {n_heads_total}, "
+                           f"or 'all' for every head.")
+    return int(top_k)
+
+
+def effect_size(scores: np.ndarray, direction: str) -> np.ndarray:
+    """How far each head's score moves the base run: |score| denoising (the corrupted run is 0), |1 - score| noising."""
+    return np.abs(scores) if direction == "denoise" else np.abs(1.0 - scores)
 
 
 @dataclass(frozen=True)
@@ -38,7 +67,8 @@ class PatchPlan(JsonResult):
 
     attribution: also attribution patching of every head, with its Spearman rank agreement;
     group: heads patched together against random controls; senders, receivers, components: a path
-    (both or neither), into the receivers' q, k and/or v.
+    (both or neither), into the receivers' q, k and/or v; top_k: on a model with more heads,
+    activation-patch only the top_k heads attribution ranks largest (None: every head).
     """
 
     attribution: bool = True
@@ -46,8 +76,10 @@ class PatchPlan(JsonResult):
     senders: Optional[HeadSet] = None
     receivers: Optional[HeadSet] = None
     components: tuple[str, ...] = ("k",)
+    top_k: Optional[int] = DEFAULT_TOP_K
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "top_k", check_top_k(self.top_k))
         object.__setattr__(self, "components", check_components(self.components))
         if (self.senders is None) != (self.receivers is None):
             raise HeadLabError("a path needs both senders and receivers (e.g. --senders L0H1 --receivers L1H2).")
@@ -84,18 +116,37 @@ def run_patching(model: Any, pair: PatchPair, settings: PatchSettings = PatchSet
         return None if progress is None else (lambda done, total: progress(name, done, total))
 
     seconds = {}
-    start = time.perf_counter()
-    activation = activation_patching(model, pair, settings, stage("activation"))
-    seconds["activation"] = time.perf_counter() - start
     attribution = rho = rho_p = None
     notes = []
-    if plan.attribution and settings.metric not in GRADIENT_METRICS:
+    n_layers, n_heads, _ = model_shape(model)
+    n_total = n_layers * n_heads
+    ranked = plan.top_k is not None and plan.top_k < n_total
+    gradient = settings.metric in GRADIENT_METRICS
+    if ranked and not (plan.attribution and gradient):
+        ranked = False
+        notes.append(f"every head was activation-patched: ranking the top {plan.top_k} needs attribution patching "
+                     f"with a metric that has a gradient ({', '.join(GRADIENT_METRICS)}).")
+    if plan.attribution and not gradient:
         notes.append(f"attribution patching skipped: {settings.metric} is a step function, with no useful gradient.")
     elif plan.attribution:
         start = time.perf_counter()
         attribution = attribution_patching(model, pair, settings, stage("attribution"))
         seconds["attribution"] = time.perf_counter() - start
-        rho, rho_p = spearman(attribution.scores.ravel(), activation.scores.ravel())
+    heads = None
+    if ranked:
+        order = np.argsort(-effect_size(attribution.scores, settings.direction).ravel(), kind="stable")[: plan.top_k]
+        heads = [divmod(int(i), n_heads) for i in order]
+    start = time.perf_counter()
+    activation = activation_patching(model, pair, settings, stage("activation"), heads=heads)
+    seconds["activation"] = time.perf_counter() - start
+    if attribution is not None:
+        exact = np.ones(activation.scores.shape, dtype=bool) if activation.exact is None else activation.exact
+        rho, rho_p = spearman(attribution.scores[exact], activation.scores[exact])
+    if ranked:
+        activation = with_estimates(activation, attribution)
+        notes.append(f"activation patching ran on the {plan.top_k} of {n_total} heads that attribution patching ranks "
+                     f"largest by |effect| (top-k); the other {n_total - plan.top_k} heads' scores are attribution's "
+                     f"first-order estimates, and the Spearman agreement is over the {plan.top_k} patched heads.")
     group = path = None
     if plan.group is not None:
         start = time.perf_counter()
@@ -108,6 +159,16 @@ def run_patching(model: Any, pair: PatchPair, settings: PatchSettings = PatchSet
     notes += list(pair.spec.get("notes", ()))  # e.g. a probe file's targets of several tokens
     return PatchingReport(str(getattr(model.cfg, "model_name", "")), None, settings, plan, activation, attribution, rho,
                           rho_p, group, path, seconds, tuple(notes), dict(activation.provenance))
+
+
+def with_estimates(activation: HeadPatching, attribution: HeadAttribution) -> HeadPatching:
+    """activation's scores where it patched a head (activation.exact), attribution's estimate elsewhere."""
+    exact = activation.exact
+    scores = np.where(exact, activation.scores, attribution.scores)
+    positions = activation.position_scores
+    if positions is not None:
+        positions = np.where(exact[:, :, None], positions, attribution.position_scores)
+    return replace(activation, scores=scores, position_scores=positions)
 
 
 def build_pairs(model: Any, pairs: InductionCounterfactualSpec | ProbeFile) -> PatchPair:
@@ -136,7 +197,9 @@ def patch_loaded(model: Any, name: str, checkpoint: Checkpoint, pairs: Induction
                  progress: Optional[StageProgress] = None) -> PatchingReport:
     """`run_patching` on a loaded checkpoint (the app keeps models loaded), the pairs built for it; the report
     names the model and checkpoint."""
-    report = run_patching(model, build_pairs(model, pairs), settings, plan, progress)
+    pair = build_pairs(model, pairs)
+    pair.check_contrast(settings.metric)  # before any forward: pairs that differ in nothing are refused here
+    report = run_patching(model, pair, settings, plan, progress)
     report.provenance.update({"model": name, "revision": checkpoint.revision, "tokens": checkpoint.tokens,
                               "pair_spec": pairs.to_json()})
     return replace(report, model=name, revision=checkpoint.revision)

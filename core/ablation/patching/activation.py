@@ -34,7 +34,9 @@ class HeadPatching(JsonResult):
 
     clean_value, corrupted_value: the runs' mean metric; scores: [layer, head] and position_scores:
     [layer, head, pos] on the normalized scale (clean 1, corrupted 0); identity_max_diff: the
-    largest logit change when the base run is patched with itself (0 when the hooks are sound).
+    largest logit change when the base run is patched with itself (0 when the hooks are sound);
+    exact: [layer, head] bool, the heads activation-patched (None: every head); the others' scores are
+    attribution patching's estimates where a pipeline filled them in (with_estimates), NaN before.
     """
 
     direction: str
@@ -47,6 +49,13 @@ class HeadPatching(JsonResult):
     notes: tuple[str, ...]
     provenance: dict
     gap: dict = field(default_factory=dict)  # the per-example clean-corrupted gap (core.stats.patching.gap_stats)
+    exact: np.ndarray | None = field(default=None, metadata={"dtype": "bool"})
+
+    def exact_heads(self) -> list[tuple[int, int]]:
+        """(layer, head) of every head activation-patched exactly."""
+        if self.exact is None:
+            return [(l, h) for l in range(self.scores.shape[0]) for h in range(self.scores.shape[1])]
+        return [(int(l), int(h)) for l, h in zip(*np.nonzero(np.asarray(self.exact)))]
 
 
 @dataclass(frozen=True, eq=False)
@@ -127,25 +136,37 @@ def measure_conditions(model: Any, pair: PatchPair, settings: PatchSettings, con
 
 
 def activation_patching(model: Any, pair: PatchPair, settings: PatchSettings = PatchSettings(),
-                        progress: Progress | None = None) -> HeadPatching:
+                        progress: Progress | None = None, heads: Sequence[tuple[int, int]] | None = None) -> HeadPatching:
     """Patch every head alone (per_position: also every head at every position alone); one score each.
 
-    progress(done, total) counts example-conditions.
+    heads: only these (layer, head) (patch --top-k: the heads attribution ranks first); the others
+    score NaN and `exact` marks which were run. progress(done, total) counts example-conditions.
     """
     n_layers, n_heads, _ = model_shape(model)
-    heads = [(l, h) for l in range(n_layers) for h in range(n_heads)]
-    conditions: list[Condition] = [(HeadSet((head,)), None) for head in heads]
+    every = [(l, h) for l in range(n_layers) for h in range(n_heads)]
+    patched = every if heads is None else sorted({(int(l), int(h)) for l, h in heads})
+    check_selection(HeadSet(tuple(patched)), n_layers, n_heads)
+    conditions: list[Condition] = [(HeadSet((head,)), None) for head in patched]
     if settings.per_position:
-        conditions += [(HeadSet((head,)), t) for head in heads for t in range(pair.seq_len)]
+        conditions += [(HeadSet((head,)), t) for head in patched for t in range(pair.seq_len)]
     measured = measure_conditions(model, pair, settings, conditions, progress)
     scores = np.asarray(measured.scores(measured.conditions))
-    per_head = scores[: len(heads)].reshape(n_layers, n_heads)
-    per_position = scores[len(heads):].reshape(n_layers, n_heads, pair.seq_len) if settings.per_position else None
+    index = tuple(np.array(patched).T)  # ([layer...], [head...])
+    per_head = np.full((n_layers, n_heads), np.nan)
+    per_head[index] = scores[: len(patched)]
+    per_position = None
+    if settings.per_position:
+        per_position = np.full((n_layers, n_heads, pair.seq_len), np.nan)
+        per_position[index] = scores[len(patched):].reshape(len(patched), pair.seq_len)
+    exact = None
+    if heads is not None:
+        exact = np.zeros((n_layers, n_heads), dtype=bool)
+        exact[index] = True
     notes = ("positions after every query, and the last layer at positions no example queries, were not run: "
              "they cannot reach a query, so they score as the base run.",) if settings.per_position else ()
     return HeadPatching(settings.direction, settings.metric, measured.clean, measured.corrupted, per_head, per_position,
                         measured.identity_max_diff, notes, patch_provenance(model, pair, settings, "activation patching"),
-                        measured.gap)
+                        measured.gap, exact)
 
 
 def control_sets(selection: HeadSet, n_layers: int, n_heads: int, settings: PatchSettings) -> ControlSets:
