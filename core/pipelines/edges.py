@@ -82,6 +82,9 @@ class EdgeReport(JsonResult):
     provenance: dict
 
 
+KL_FLOOR = 1e-4  # nats: a KL(clean || every edge patched) below this is noise (float32 rounding is ~1e-7), not a signal
+
+
 def discovered_edges(scores: EdgeScores, plan: EdgePlan) -> np.ndarray:
     """[edge] bool: ACDC's kept edges, or the plan's top edges by |score| whose |score| exceeds SCORE_FLOOR of
     the largest: an edge whose patching moves the metric by rounding alone is not discovered (on a hand-wired
@@ -110,6 +113,13 @@ def run_edges(model: Any, pair: PatchPair, settings: EdgeSettings = EdgeSettings
     start = time.perf_counter()
     scores = score_edges(model, pair, settings, plan, stage("scores"))
     seconds["scores"] = time.perf_counter() - start
+    if scores.metric == "kl" and not scores.corrupted_value > KL_FLOOR:
+        problem = (f"KL(clean || every edge patched) is {scores.corrupted_value:.2g} nats, under {KL_FLOOR:g}: the "
+                   "corruption barely moves the output distribution, so each edge's share of it is noise")
+        if not settings.allow_small_gap:
+            raise HeadLabError(f"{problem}; use a corruption that changes the answer, or --metric logit_diff (force it "
+                               "with --allow-small-gap).")
+        notes.append(f"forced: {problem}; the scores and the discovered set are unreliable.")
     keep = discovered_edges(scores, plan)
     curve = controls = None
     if plan.curve:
@@ -165,6 +175,7 @@ def edges_loaded(model: Any, name: str, checkpoint: Checkpoint, pairs: Any, sett
                  plan: EdgePlan = EdgePlan(), progress: Optional[StageProgress] = None) -> EdgeReport:
     """`run_edges` on a loaded checkpoint (the app keeps models loaded); the report names the model and checkpoint."""
     pair = build_pairs(model, pairs) if isinstance(pairs, (InductionCounterfactualSpec, ProbeFile)) else pairs.build()
+    pair.check_contrast(settings.metric)  # before any forward: pairs that differ in nothing are refused here
     report = run_edges(model, pair, settings, plan, progress)
     report.provenance.update({"model": name, "revision": checkpoint.revision, "tokens": checkpoint.tokens,
                               "pair_spec": pairs.to_json()})

@@ -86,6 +86,10 @@ def check_gap(gap: dict, metric: str, allow_small_gap: bool = False) -> dict:
     if mean < 0:
         problem = (f"the corrupted run scores better than the clean run on {metric} (mean gap {mean:+.4g} over "
                    f"{n} example{'s' if n != 1 else ''}; {spread}): the pairs are reversed")
+    elif not mean > GAP_FLOOR:  # 0 with 0 spread (identical runs) passes the se rule, and no flag can force it
+        raise HeadLabError(f"the clean and corrupted runs score the same on {metric} (mean gap {mean:+.4g} over {n} "
+                           f"example{'s' if n != 1 else ''}; {spread}), so there is no gap to recover and every "
+                           "score would be 0 / 0; use a corruption that changes the answer, or another metric.")
     elif se is None:
         problem = f"one example cannot show whether the {metric} gap {mean:+.4g} is more than noise"
     elif se > 0 and mean < MIN_GAP_SE * se:

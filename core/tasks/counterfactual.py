@@ -78,6 +78,23 @@ class PatchPair:
         target = self.clean.target if self.corrupted_target is None else self.corrupted_target
         return replace(self.clean, tokens=self.corrupted_tokens, target=target, spec=dict(self.spec))
 
+    def check_contrast(self, metric: str = "logit_diff") -> None:
+        """Refuse, before any forward runs, pairs with nothing to contrast: every corrupted prompt equal to its
+        clean prompt (both runs are one run), or, for the logit difference, every target the same token as its
+        corrupted target (targets sharing their first token, the one scored): the gap is 0 by construction."""
+        same_prompt = (self.clean.tokens == self.corrupted_tokens).all(dim=1)  # [example]
+        if bool(same_prompt.all()):
+            raise HeadLabError(f"every corrupted prompt is the same tokens as its clean prompt ({self.n_examples} "
+                               "pairs), so the two runs are one run and patching has nothing to recover; make the "
+                               "corrupted prompts differ where the answer is decided.")
+        if metric in ("logit_diff", "kl") and self.corrupted_target is not None:
+            same_target = self.clean.target == self.corrupted_target  # [example]
+            if bool(same_target.all()):
+                token = int(self.clean.target[0])
+                raise HeadLabError(f"every target is the same token as its corrupted target (e.g. token id {token}; a "
+                                   "target of several tokens is scored by its first), so the logit difference is 0 "
+                                   "on every pair; give corrupted targets whose first token differs from the target's.")
+
     def check_vocab(self, vocab_size: int) -> None:
         """Refuse a pair whose token ids (either side, targets included) the model cannot read."""
         self.clean.check_vocab(vocab_size)

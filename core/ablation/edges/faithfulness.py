@@ -27,7 +27,7 @@ from core.ablation.edges.graph import EdgeGraph
 from core.ablation.edges.runs import EdgeSettings, check_edge_model, edge_chunks, mean_value, run_values
 from core.errors import HeadLabError
 from core.results import JsonResult
-from core.stats.inference import MIN_VERDICT_EXAMPLES, RANK_P_ALPHA, Verdict, below_minimum
+from core.stats.inference import MIN_VERDICT_EXAMPLES, RANK_P_ALPHA, SPREAD_FLOOR, Verdict, below_minimum
 from core.stats.patching import against_controls
 from core.tasks.counterfactual import PatchPair
 
@@ -148,10 +148,13 @@ class EdgeControls(JsonResult):
     provenance: dict
 
 
-def edge_set_verdict(stats: dict, controls_differ: bool, n_examples: int) -> Verdict:
+def edge_set_verdict(stats: dict, controls_differ: bool, n_examples: int, lead: float | None = None) -> Verdict:
     """"beyond its controls" when the set's faithfulness ranks first with p <= RANK_P_ALPHA (19 or more random
-    sets), "not beyond its controls" otherwise; "inconclusive" when the random sets cannot differ from the
-    set (every stratum full) or the pairs are fewer than MIN_VERDICT_EXAMPLES."""
+    sets) and leads the best random set by more than rounding (`lead`, its faithfulness minus the best control's:
+    more than SPREAD_FLOOR, faithfulness being ~1 in scale; e.g. ACDC at threshold 0 keeps nearly every edge and its
+    random sets differ from it by a few edges of no effect), "not beyond its controls" otherwise; "inconclusive"
+    when the random sets cannot differ from the set (every stratum full) or the pairs are fewer than
+    MIN_VERDICT_EXAMPLES."""
     rule = f"rank 1 and empirical p <= {RANK_P_ALPHA} against 19 or more matched-random edge sets"
     if not controls_differ:
         verdict = Verdict("inconclusive", rule, ("every random edge set equals the set itself (each stratum it uses is "
@@ -159,6 +162,10 @@ def edge_set_verdict(stats: dict, controls_differ: bool, n_examples: int) -> Ver
     elif stats["n_controls"] + 1 < round(1 / RANK_P_ALPHA):
         verdict = Verdict("inconclusive", rule, (f"{stats['n_controls']} random edge sets cannot reach p <= {RANK_P_ALPHA}: "
                                                  f"the smallest p is 1/{stats['n_controls'] + 1}; use at least 19.",))
+    elif stats["rank"] == 1 and stats["p"] <= RANK_P_ALPHA and lead is not None and not lead > SPREAD_FLOOR:
+        verdict = Verdict("not beyond its controls", rule,
+                          (f"rank 1 of {stats['n_controls'] + 1}, but ahead of the best random edge set by {lead:.2g} "
+                           "in faithfulness, a rounding-size difference",))
     elif stats["rank"] == 1 and stats["p"] <= RANK_P_ALPHA:
         verdict = Verdict("beyond its controls", rule, (f"rank 1 of {stats['n_controls'] + 1}, p = {stats['p']:.3g}",))
     else:
@@ -186,6 +193,6 @@ def edge_controls(model: Any, pair: PatchPair, keep: np.ndarray, settings: EdgeS
     stats = against_controls(faithful[0], faithful[1:], "denoise")
     return EdgeControls(settings.metric, tuple(str(graph.edges[i]) for i in np.nonzero(keep)[0]), faithful[0],
                         tuple(faithful[1:]), stats, tuple(graph.heads_of(keep)), differ, int(seed),
-                        edge_set_verdict(stats, differ, pair.n_examples),
+                        edge_set_verdict(stats, differ, pair.n_examples, faithful[0] - max(faithful[1:], default=0.0)),
                         edge_provenance(model, pair, graph, settings, "matched-random edge controls",
                                         controls="same count per (sender layer, receiver layer, input)"))
