@@ -10,7 +10,7 @@ from core.errors import HeadLabError
 from core.figures.ablation import ablation_strip, head_grid, per_example_damage
 from core.heads import HeadSet, head_name, parse_heads
 from core.stats.controls import CONTROL_KINDS, count_any_layer_sets, count_matched_sets
-from core.stats.inference import METRICS, MIN_CLOSURE_CONTROLS, format_z
+from core.stats.inference import METRICS, MIN_CLOSURE_CONTROLS, evidence_flags, format_z, verdict_tone
 from core.stats.spectral import resolve_k, top_k
 from core.tasks.vocab import token_label
 from pages._cache import checkpoint_screen, prepare_ablation, run_ablation, screen_report, stored_ablation
@@ -267,12 +267,14 @@ result = entry["result"]
 st.subheader("Verdict")
 if result.control_sets.note:  # too few distinct controls: said here, beside the verdicts it weakens
     st.warning(result.control_sets.note[0].upper() + result.control_sets.note[1:], icon=":material/warning:")
-for name, verdict in result.verdicts.items():
+for name, verdict in result.verdicts.items():  # the CLI's flags and colour rule (core/stats/inference.py)
+    flags = evidence_flags(len(result.controls))
     body = (f"**{VERDICT_TITLES.get(name, name)}: {verdict.label}**  \nrule — {verdict.rule}\n\n"
-            + "\n".join(f"- {reason}" for reason in verdict.reasons))
-    if verdict.label in ("causal", "pass"):
+            + "\n".join(f"- {reason}" for reason in verdict.reasons) + "".join(f"\n- [{flag}]" for flag in flags))
+    tone = verdict_tone(verdict.label, len(result.controls))
+    if tone == "good":
         st.success(body, icon=":material/check_circle:")
-    elif verdict.label == "inconclusive":
+    elif tone == "caution":
         st.warning(body, icon=":material/help:")
     else:
         st.info(body, icon=":material/cancel:")

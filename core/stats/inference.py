@@ -36,6 +36,11 @@ METRIC_ALIASES = {
 # A control spread below this fraction of the deltas' scale is rounding, not variation: z is undefined there.
 # (The reference floors a zero spread at 1e-9 and prints z ~ 1e9; such a z measures the floor, not the candidate.)
 SPREAD_FLOOR = 1e-6
+# Nor is a z shown where the controls' spread is negligible beside the candidate's distance from their mean:
+# |delta - mean| > Z_SHOWN_MAX sd. Controls at -0.00004 +- 0.000005 against a candidate at +5.569 gave z
+# +1.08e+06, a figure of how little the controls vary, not of how far the candidate stands out; the rank
+# and p say what there is to say (rank 1, p = 1/(n+1)).
+Z_SHOWN_MAX = 1e3
 MIN_CLOSURE_CONTROLS = 3  # distinct control sets a closure verdict needs: a z from one or two says nothing
 # z's denominator is the controls' sd; from fewer than this many controls that sd is itself noise,
 # so z is shown greyed out / flagged "unreliable" and the rank and p lead.
@@ -79,18 +84,28 @@ def degenerate_spread(control_deltas: Sequence[float]) -> bool:
     return float(controls.std(ddof=0)) <= SPREAD_FLOOR * max(1.0, float(np.abs(controls).max()))
 
 
+def negligible_spread(candidate_delta: float, control_deltas: Sequence[float]) -> bool:
+    """Whether no z is shown: the controls' spread is zero up to rounding (`degenerate_spread`), or
+    negligible beside the candidate's distance from their mean (|delta - mean| > Z_SHOWN_MAX sd)."""
+    controls = np.asarray(control_deltas, dtype=np.float64)
+    if degenerate_spread(controls):
+        return True
+    return abs(float(candidate_delta) - float(controls.mean())) > Z_SHOWN_MAX * float(controls.std(ddof=0))
+
+
 def z_score(candidate_delta: float, control_deltas: Sequence[float]) -> float | None:
-    """(candidate - mean(controls)) / population std(controls); None when the spread is degenerate."""
+    """(candidate - mean(controls)) / population std(controls); None where the spread is degenerate or
+    negligible beside the candidate's delta (`negligible_spread`): the rank and p stand in for it."""
     controls = np.asarray(control_deltas, dtype=np.float64)
     if controls.size == 0:
         raise HeadLabError("a z-score needs at least one control; run some controls.")
-    if degenerate_spread(controls):
+    if negligible_spread(candidate_delta, controls):
         return None
     return float((float(candidate_delta) - controls.mean()) / float(controls.std(ddof=0)))
 
 
 def format_z(z: float | None) -> str:
-    """A z for tables and printouts: "n/a (degenerate)" where the controls' spread is zero."""
+    """A z for tables and printouts: "n/a (degenerate)" where the controls' spread is zero or negligible."""
     return "n/a (degenerate)" if z is None else f"{z:+.3g}"
 
 
@@ -101,19 +116,40 @@ def controls_for_p(alpha: float = RANK_P_ALPHA) -> int:
     return int(np.ceil(1.0 / alpha - 1.0 - 1e-9))
 
 
+def evidence_flags(n_controls: int, z: float | None = 0.0) -> tuple[str, ...]:
+    """What the controls cannot back, as the CLI prints it beside rank and p and the lab shows it beside
+    a verdict (one rule for both): no z (spread negligible), a z from fewer than 10 controls, and fewer
+    controls than a p < 0.05 needs. `z`: the z shown (None: none; leave out where no z is in question)."""
+    n = int(n_controls)
+    flags = []
+    if z is None:
+        flags.append(f"no z: the controls' spread is zero or under 1/{Z_SHOWN_MAX:g} of the candidate's distance "
+                     "from their mean; the rank and p stand")
+    elif n < MIN_RELIABLE_Z_CONTROLS:
+        flags.append(f"z unreliable: fewer than {MIN_RELIABLE_Z_CONTROLS} controls")
+    if n < controls_for_p():
+        flags.append(f"inconclusive: {n} controls cannot reach p < {RANK_P_ALPHA:g}; "
+                     f"the smallest p is 1/{n + 1}, use at least {controls_for_p()}")
+    return tuple(flags)
+
+
+def verdict_tone(label: str, n_controls: int) -> str:
+    """How a verdict is shown (the lab's colour): "good" for "causal" or "pass" from enough controls to
+    reach p < 0.05, "caution" for "inconclusive" or a pass from fewer (3 controls: p >= 0.25, which the
+    CLI flags "inconclusive"), "bad" for the rest."""
+    if label == "inconclusive" or (label in ("causal", "pass") and int(n_controls) < controls_for_p()):
+        return "caution"
+    return "good" if label in ("causal", "pass") else "bad"
+
+
 def format_rank_z(rank: int, p: float, n_controls: int, z: float | None) -> str:
-    """Rank and p first, then z with its number of controls and sd convention, flagged below 10 controls.
+    """Rank and p first, then z with its number of controls and sd convention, and `evidence_flags`.
 
     e.g. "rank 1 of 21, p = 0.0476; z +2.31 (20 controls, population sd (ddof=0), as the reference)".
     """
     text = (f"rank {rank} of {n_controls + 1}, p = {p:.3g}; z {format_z(z)} "
             f"({n_controls} control{'s' if n_controls != 1 else ''}, {Z_CONVENTION})")
-    if n_controls < MIN_RELIABLE_Z_CONTROLS:
-        text += f" [z unreliable: fewer than {MIN_RELIABLE_Z_CONTROLS} controls]"
-    if n_controls < controls_for_p():
-        text += (f" [inconclusive: {n_controls} controls cannot reach p < {RANK_P_ALPHA:g}; "
-                 f"the smallest p is 1/{n_controls + 1}, use at least {controls_for_p()}]")
-    return text
+    return text + "".join(f" [{flag}]" for flag in evidence_flags(n_controls, z))
 
 
 @dataclass(frozen=True)
@@ -249,7 +285,7 @@ def _too_few_controls(candidate: float, controls: Sequence[float], metric: str, 
 
 def _closure_without_spread(cand: dict, ctrl: dict, metrics: list[str], head_metric: str, rule_text: str, z: dict,
                   alpha: float = RANK_P_ALPHA) -> Verdict:
-    """Closure where the controls' spread on the headline metric is zero, so no z exists.
+    """Closure where the controls' spread on the headline metric is zero or negligible, so no z is shown.
 
     The rules' z is then -inf or +inf (or 0/0), and flooring the spread (the reference's 1e-9) would print
     z ~ 1e9, a figure of the floor. The verdict takes the rules' limit instead: a pass when every delta is
@@ -263,7 +299,8 @@ def _closure_without_spread(cand: dict, ctrl: dict, metrics: list[str], head_met
     rp = empirical_rank_p(candidate, controls, sign)
     scale = max(1.0, abs(candidate), float(np.abs(controls).max()))
     beyond = sign * candidate - float(np.max(sign * controls)) > SPREAD_FLOOR * scale
-    reasons = [f"the controls' spread on {head_metric} is 0 (every control set changes it alike), so no z exists; "
+    reasons = [f"the controls' spread on {head_metric} is 0 or negligible beside the candidate's delta (every control "
+               "set changes it alike), so no z is shown; "
                f"the verdict reads the rank instead: {rp.rank} of {rp.n_controls + 1}, p = {rp.p:.3g}"
                + ("." if rp.n_controls >= controls_for_p(alpha) else
                   f" ({rp.n_controls} controls cannot reach p <= {alpha:g}; {controls_for_p(alpha)} can)."),

@@ -13,7 +13,8 @@ import pytest
 
 from core.errors import HeadLabError
 from core.stats.inference import (MIN_VERDICT_EXAMPLES, Verdict, below_minimum, bootstrap_ci, closure_verdict,
-                                  empirical_rank_p, format_z, is_damaging, recipe_verdict, z_score)
+                                  empirical_rank_p, evidence_flags, format_rank_z, format_z, is_damaging,
+                                  negligible_spread, recipe_verdict, verdict_tone, z_score)
 from tests.reference_data import CLOSURE
 
 
@@ -117,7 +118,7 @@ def test_closure_verdict_degenerate_controls_is_inconclusive():
     flat = {"loss": [0.1, 0.2, 0.3], "top1": [0.0, -0.01, -0.02], "target_logit": [-0.5, -0.5, -0.5]}
     strong = {"loss": 1.0, "top1": -0.2, "target_logit": -2.0}
     verdict = closure_verdict(strong, flat)
-    assert verdict.label == "pass" and "spread on target_logit is 0" in verdict.reasons[0]
+    assert verdict.label == "pass" and "spread on target_logit is 0 or negligible" in verdict.reasons[0]
     assert "rank instead: 1 of 4, p = 0.25 (3 controls cannot reach p <= 0.05; 19 can)." in verdict.reasons[0]
     assert verdict.z["target_logit"] is None and verdict.z["loss"] == pytest.approx((1.0 - 0.2) / np.std([0.1, 0.2, 0.3]))
     assert closure_verdict(strong, flat, headline="loss").label == "pass"  # the loss spread is real
@@ -133,7 +134,7 @@ def test_closure_verdict_zero_spread_takes_the_rules_limit_and_gives_rank_and_p(
         verdict = closure_verdict(circuit, flat, rule=rule)
         assert verdict.label == "pass", verdict.reasons
         assert verdict.z["target_logit"] is None
-        assert verdict.reasons[0].endswith("no z exists; the verdict reads the rank instead: 1 of 21, p = 0.0476.")
+        assert verdict.reasons[0].endswith("no z is shown; the verdict reads the rank instead: 1 of 21, p = 0.0476.")
     # a group that does nothing beyond the controls: beyond them only by rounding, or not damage at all
     assert closure_verdict({**circuit, "target_logit": -1e-7 - 1e-9}, flat).label == "fail"
     assert closure_verdict({**circuit, "target_logit": -1e-7 - 1e-9}, flat).reasons[-1].endswith("more than rounding.")
@@ -214,3 +215,39 @@ def test_a_verdict_from_too_few_examples_is_inconclusive():
     already = below_minimum(Verdict("inconclusive", "recipe", ("only 2 control draws ran",)), n_examples=1)
     assert already.label == "inconclusive" and already.reasons[1] == "only 2 control draws ran"
     assert already.reasons[0].startswith("only 1 example: a verdict needs at least 10;")  # the minimum is stated too
+
+
+def test_no_z_where_the_controls_spread_is_negligible_beside_the_delta():
+    # the newcomer's tour: controls at -0.00004 +- 0.000005, candidate +5.569 -> z was printed +1.08e+06
+    controls = [-0.00004 - 0.000005, -0.00004 + 0.000005] * 10
+    assert np.std(controls) == pytest.approx(5e-6) and negligible_spread(5.569, controls)
+    assert z_score(5.569, controls) is None
+    # the rule's edge: |delta - mean| > 1000 sd hides the z, up to 1000 sd it is shown
+    around = [-1.0, 1.0]  # mean 0, sd 1
+    assert z_score(999.0, around) == pytest.approx(999.0) and z_score(1001.0, around) is None
+    assert z_score(-1001.0, around) is None
+    text = format_rank_z(1, 1 / 21, 20, z_score(5.569, controls))
+    assert text.startswith("rank 1 of 21, p = 0.0476; z n/a (degenerate)") and "[no z: the controls' spread" in text
+    assert "1e+06" not in text and "z unreliable" not in text
+
+
+def test_closure_with_a_negligible_spread_reads_the_rank():
+    controls = {"loss": [-0.00004 - 0.000005, -0.00004 + 0.000005] * 10, "top1": [0.0, -0.01] * 10,
+                "target_logit": [0.001, -0.001] * 10}
+    verdict = closure_verdict({"loss": 5.569, "top1": -0.5, "target_logit": -4.0}, controls, headline="loss")
+    assert verdict.label == "pass" and verdict.z["loss"] is None
+    assert "spread on loss is 0 or negligible" in verdict.reasons[0] and "1 of 21, p = 0.0476." in verdict.reasons[0]
+
+
+def test_evidence_flags_and_tone_are_the_clis_rules():
+    assert evidence_flags(20, 2.5) == ()
+    assert evidence_flags(12, 2.5) == ("inconclusive: 12 controls cannot reach p < 0.05; the smallest p is 1/13, "
+                                       "use at least 19",)
+    three = evidence_flags(3, 4.0)
+    assert three[0] == "z unreliable: fewer than 10 controls" and three[1].startswith("inconclusive: 3 controls")
+    assert evidence_flags(3, None)[0].startswith("no z:") and len(evidence_flags(3, None)) == 2
+    assert evidence_flags(3) == three  # no z in question: the control-count flags alone
+    # a closure pass from 3 controls (p = 0.25) is not shown as a success: the CLI calls that inconclusive
+    assert verdict_tone("pass", 3) == "caution" and verdict_tone("pass", 19) == "good"
+    assert verdict_tone("causal", 20) == "good" and verdict_tone("inconclusive", 50) == "caution"
+    assert verdict_tone("fail", 3) == verdict_tone("not causal", 20) == verdict_tone("fails in the wrong direction", 20) == "bad"
