@@ -80,11 +80,13 @@ def _quick_zoo_complete(folder: Path) -> bool:
 
 def _train_shared_quick_zoo(shared: Path) -> None:
     """Train the quick zoo into `shared`, split between the xdist workers: each model is trained by
-    the first worker to take its lock, at that worker's thread count. A worker that needs the zoo
+    the first worker to take its lock, at the zoo's fixed thread count (the weights do not follow the
+    worker's count, so they are `make app`'s). A worker that needs the zoo
     trains every model nobody has taken, then waits for the others (and resumes any that a failed
     worker left unfinished)."""
     from core.model.refs import read_manifest
-    from core.zoo.presets import preset_entries
+    from core.executor import run_task
+    from core.zoo.presets import ZOO_THREADS_PER_MODEL, preset_entries
     from core.zoo.train import train_model
 
     shared.mkdir(parents=True, exist_ok=True)
@@ -92,7 +94,7 @@ def _train_shared_quick_zoo(shared: Path) -> None:
     def train_if_missing(name, model_cfg, train_cfg) -> None:
         manifest = read_manifest(shared / name, missing_ok=True)
         if not (manifest and manifest.get("complete")):
-            train_model(name, model_cfg, train_cfg, shared / name, progress=False)
+            run_task(train_model, (name, model_cfg, train_cfg, shared / name), {"progress": False}, ZOO_THREADS_PER_MODEL)
 
     entries = preset_entries("quick")
     for entry in entries:  # first pass: the models no other worker has taken
