@@ -13,9 +13,9 @@ from core.errors import HeadLabError
 from core.executor import BACKENDS
 from core.model.loading import DTYPES
 from core.model.refs import ModelRef, list_zoo
-from core.tasks.specs import probe_spec
+from core.tasks.specs import TASKS, probe_spec, spec_from_json
 from core.threads import apply_thread_policy
-from pages._cache import cached_checkpoints, cached_hub_revisions, model_stamp
+from pages._cache import cached_checkpoints, cached_hub_revisions, cached_tokenizer_spec, model_stamp
 from pages._state import (BACKEND, DEFAULT_MODEL, DTYPE, MODEL, MODEL_FOLDER, N_EXAMPLES, REVISION, SEED, SEQ_LEN,
                           TASK, TOKEN_HIGH, TOKEN_LOW, Workspace, bound, follow_hand_off, init_state,
                           int_limits, publish_workspace, sync_url, url_fallback, widget_key)
@@ -66,9 +66,10 @@ def _hub_caption(model_name: str) -> None:
                f"{len(cached)} revisions: {shown or 'none'}")
 
 
-def _choose_probe():
-    """The probe widgets; returns the probe spec they describe (HeadLabError when it is invalid)."""
-    task = bound(st.radio, "Probe task", TASK, ["induction", "text"], horizontal=True)
+def _choose_probe(model_name: str, revision: str, stamp: str):
+    """The probe widgets; returns the probe spec they describe (HeadLabError when it is invalid). ioi, and induction
+    at the default token range, are built from the model's own tokenizer (its ordinary tokens; bytes on zoo models)."""
+    task = bound(st.radio, "Probe task", TASK, list(TASKS), horizontal=True)
     col_n, col_t = st.columns(2)
     with col_n:
         n = bound(st.number_input, "N examples", N_EXAMPLES, step=8, **int_limits(N_EXAMPLES))
@@ -76,14 +77,17 @@ def _choose_probe():
         seq_len = bound(st.number_input, "Length T", SEQ_LEN, step=8, **int_limits(SEQ_LEN))
     with st.expander("Probe details"):
         seed = bound(st.number_input, "Probe seed", SEED, **int_limits(SEED))
-        if task == "induction":
+        if task in ("induction", "induction-repeat"):
+            st.caption("0 and 256 (the default): the model's ordinary tokens, bytes on zoo models")
             c1, c2 = st.columns(2)
             with c1:
                 bound(st.number_input, "Tokens from", TOKEN_LOW, **int_limits(TOKEN_LOW))
             with c2:
                 bound(st.number_input, "Tokens below", TOKEN_HIGH, **int_limits(TOKEN_HIGH))
-    return probe_spec(task, int(n), int(seq_len), int(seed), int(st.session_state[TOKEN_LOW]),
-                      int(st.session_state[TOKEN_HIGH]))
+    low, high = int(st.session_state[TOKEN_LOW]), int(st.session_state[TOKEN_HIGH])
+    if task == "ioi" or (task in ("induction", "induction-repeat") and (low, high) == (0, 256)):
+        return spec_from_json(cached_tokenizer_spec(model_name, revision, stamp, task, int(n), int(seq_len), int(seed)))
+    return probe_spec(task, int(n), int(seq_len), int(seed), low, high)
 
 
 def apply_threads_once() -> None:
@@ -133,7 +137,7 @@ def workspace_sidebar() -> Workspace | None:
         if ref.kind == "hub":
             _hub_caption(model_name)
         try:
-            spec = _choose_probe()
+            spec = _choose_probe(model_name, revision, stamp)
         except HeadLabError as exc:
             st.error(str(exc))
             sync_url()

@@ -32,7 +32,7 @@ from core.errors import HeadLabError
 from core.executor import Executor, SerialExecutor, WorkerPool, make_executor
 from core.heads import Head, HeadSet
 from core.model.loading import DEFAULT_DTYPE, load_config, load_model
-from core.model.refs import Checkpoint, ModelRef, cached_revisions, list_checkpoints, resolve_checkpoint
+from core.model.refs import Checkpoint, ModelRef, cached_revisions, checkpoint_path, list_checkpoints, resolve_checkpoint
 from core.pipelines.attribution import analyze_ref, stored_result
 from core.pipelines.attribution_results import AttributionSettings
 from core.pipelines.closure import closure_test
@@ -45,7 +45,8 @@ from core.pipelines.sweep import SweepItem, probe_sweep
 from core.probe import check_probe_fits, full_attention_pattern, head_stats, probe_batch_for
 from core.store import canonical_json
 from core.tasks.probe_file import ProbeFile
-from core.tasks.specs import spec_from_json
+from core.tasks.specs import probe_spec, spec_from_json
+from core.tasks.tokens import tokenizer_of_folder
 from core.threads import apply_thread_policy
 from core.workspace import zoo_dir
 from pages._state import Workspace
@@ -98,6 +99,15 @@ def cached_model(model_name: str, revision: str, stamp: str = "", dtype: str = D
 @st.cache_data(show_spinner=False)
 def cached_checkpoints(model_name: str, stamp: str = "") -> tuple[Checkpoint, ...]:
     return tuple(list_checkpoints(ModelRef.parse(model_name)))
+
+
+@st.cache_data(show_spinner="Reading the model's tokenizer...", max_entries=16)
+def cached_tokenizer_spec(model_name: str, revision: str, stamp: str, task: str, n: int, seq_len: int, seed: int) -> str:
+    """The JSON of a probe built from the model's own tokenizer (ioi; induction's ordinary tokens): a byte-level zoo
+    model (no tokenizer files) gets the byte probe. Cached: reading a real tokenizer takes seconds."""
+    ref = ModelRef.parse(model_name)
+    tokenizer = tokenizer_of_folder(checkpoint_path(ref, revision), local=ref.kind != "hub", revision=revision)
+    return canonical_json(probe_spec(task, n, seq_len, seed, None, None, tokenizer).to_json())
 
 
 @st.cache_data(show_spinner=False, max_entries=16)

@@ -190,6 +190,7 @@ def test_cli_bad_input_is_one_line_and_status_2_before_any_work(home, tmp_path, 
                                                          for p in pairs))
     if "no-tokenizer-json" in " ".join(argv):  # a model folder whose tokenizer.json was lost, its config kept
         shutil.copytree(checkpoint_path(ModelRef.parse(MODEL)), tmp_path / "no-tokenizer-json")
+        (tmp_path / "no-tokenizer-json" / "tokenizer.json").unlink(missing_ok=True)
         (tmp_path / "no-tokenizer-json" / "tokenizer_config.json").write_text('{"tokenizer_class": "GPT2Tokenizer"}')
     before = sorted(p.name for p in (home / "zoo").iterdir())
     status, err = run_cli([a.format(tmp=tmp_path) for a in argv], capsys)

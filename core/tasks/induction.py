@@ -165,6 +165,8 @@ def token_source(tokenizer: Any, token_low: Optional[int], token_high: Optional[
         return {"token_low": 0 if token_low is None else int(token_low),
                 "token_high": 256 if token_high is None else int(token_high)}
     runs, fingerprint = ordinary_vocab(tokenizer)
+    if runs == ((0, 256),):  # a byte-level vocabulary saved as tokenizer.json: the zoo's own spec and cache key
+        return {"token_low": 0, "token_high": 256}
     return {"token_low": runs[0][0], "token_high": runs[-1][1], "vocab": runs, "tokenizer": fingerprint}
 
 

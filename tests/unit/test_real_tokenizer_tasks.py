@@ -55,6 +55,10 @@ def test_zoo_specs_keep_their_bytes_and_json():
                                                                                                 "token_high": 256}
     spec = probe_spec("induction", 8, 16, 1, None, None, byte_tokenizer(True))
     assert spec == probe_spec("induction", 8, 16, 1)
+    saved = Tokenizer(models.WordLevel(vocab={**{f"b{i}": i for i in range(256)}, "<s>": 256, "<x>": 257},
+                                       unk_token="<s>"))  # a byte vocabulary saved with two more specials
+    saved_bytes = PreTrainedTokenizerFast(tokenizer_object=saved, bos_token="<s>", eos_token="<x>")
+    assert probe_spec("induction", 8, 16, 1, None, None, saved_bytes) == spec
     assert spec.to_json() == {"task": "induction", "n_examples": 8, "seq_len": 16, "token_low": 0, "token_high": 256,
                               "seed": 1}
 
