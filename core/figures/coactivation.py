@@ -31,6 +31,7 @@ POSITIVE_EDGE = "rgba(0,114,178,0.55)"
 NEGATIVE_EDGE = "rgba(213,94,0,0.55)"
 UNCLASSIFIED_COLOR = CLASS_COLORS["unspecialized"]
 COLOR_BY = ("cluster", "class")
+MAX_NAMED_HEADS = 60  # a J heatmap over more heads names its community blocks, not every head
 
 
 def _names(n_layers: int, n_head: int) -> list[str]:
@@ -164,21 +165,29 @@ def coupling_heatmap(report: Any) -> FigureBundle:
     Jo = J[np.ix_(order, order)]
     ordered = [names[f] for f in order]
     lim = float(np.abs(Jo).max()) or 1.0
-    fig = go.Figure(go.Heatmap(z=Jo.tolist(), x=ordered, y=ordered, zmid=0.0, zmin=-lim, zmax=lim,
+    index = list(range(len(ordered)))
+    pairs = [[f"{r} – {c}" for c in ordered] for r in ordered]  # hover names, whatever the ticks show
+    fig = go.Figure(go.Heatmap(z=Jo.tolist(), x=index, y=index, zmid=0.0, zmin=-lim, zmax=lim, customdata=pairs,
                                colorscale="RdBu_r", colorbar=dict(title="J"),
-                               hovertemplate="%{y} – %{x}: J = %{z:.3g}<extra></extra>"))
-    start = 0
+                               hovertemplate="%{customdata}: J = %{z:.3g}<extra></extra>"))
+    start, centres, block_names = 0, [], []
     for c in sorted(set(labels.tolist())):
         size = int((labels == c).sum())
         color = CANDIDATE_COLOR if c == report.proposal.selection.candidate.cluster else "#333"
         width = 3 if c == report.proposal.selection.candidate.cluster else 1
         fig.add_shape(type="rect", x0=start - 0.5, x1=start + size - 0.5, y0=start - 0.5, y1=start + size - 0.5,
                       line=dict(color=color, width=width))
+        centres.append(start + (size - 1) / 2)
+        block_names.append(f"community {c} ({size})")
         start += size
     side = max(420, min(900, 120 + 16 * len(names)))
+    if len(ordered) <= MAX_NAMED_HEADS:  # every head named
+        ticks = dict(tickmode="array", tickvals=index, ticktext=ordered, tickfont=dict(size=8))
+    else:  # a real model's 270 names would overlap: name the community blocks (the hover names each cell)
+        ticks = dict(tickmode="array", tickvals=centres, ticktext=block_names, tickfont=dict(size=10))
     fig.update_layout(template=SCREEN, height=side, title=f"J by community (k = {report.proposal.k})")
-    fig.update_xaxes(tickangle=-90, showgrid=False, tickfont=dict(size=8))
-    fig.update_yaxes(autorange="reversed", showgrid=False, tickfont=dict(size=8))
+    fig.update_xaxes(tickangle=-90, showgrid=False, **ticks)
+    fig.update_yaxes(autorange="reversed", showgrid=False, **ticks)
     rows = tuple({"row": ordered[a], "column": ordered[b], "row_community": int(labels[order[a]]),
                   "column_community": int(labels[order[b]]), "J": float(Jo[a, b])}
                  for a in range(len(order)) for b in range(len(order)))

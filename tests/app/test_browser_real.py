@@ -1,0 +1,106 @@
+"""The app on a real pretrained model (SmolLM2-135M: 30 layers x 9 heads, one checkpoint), in a real browser.
+
+Walks every page on SmolLM2 with a small probe (16 examples of 16 tokens): each opens with no error box
+and no exception, and each is screenshotted into test-output/screenshots/real-*.png. In the ablation
+lab it reads the proposed probe size and its cost in power, then runs a 3-control ablation of two heads
+to a verdict. Needs the imported model: a HEADLAB_HOME whose zoo holds smollm2-135m, named by
+HEADLAB_TEST_REAL_HOME (`python -m core zoo --preset real` makes one); skips cleanly without it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from core.bench.screen import CHROMIUM, free_port, serve_app, stop_app
+from core.workspace import zoo_dir
+from tests.app.test_browser import CHROMIUM_ARGS, SHOTS, ServerURL, assert_no_exception, screenshot, wait_until_idle
+
+pytestmark = [pytest.mark.browser]
+
+MODEL = "smollm2-135m"
+QUERY = f"model={MODEL}&n=16&seq_len=16"
+PAGES = [("", "Models & training"), ("spectral", "Spectral signal"), ("screen", "Pattern screen"),
+         ("ablation", "Ablation lab"), ("inspector", "Head inspector"), ("coactivation", "Co-activation"),
+         ("proposers", "Proposers vs disposer"), ("attribution", "Gradient vs causal"), ("patching", "Patching"),
+         ("graph", "Circuit graph"), ("dynamics", "Training dynamics"), ("benchmark", "Known-circuit benchmark")]
+ERROR_BOX = '[data-testid="stAlertContentError"]'
+
+
+@pytest.fixture(scope="module")
+def real_zoo() -> Path:
+    """The imported SmolLM2 linked into this session's zoo (read only: never written), or a skip."""
+    home = os.environ.get("HEADLAB_TEST_REAL_HOME")
+    source = Path(home) / "zoo" / MODEL if home else None
+    if source is None or not (source / "manifest.json").is_file():
+        pytest.skip(f"the real-model browser test needs {MODEL} imported: set HEADLAB_TEST_REAL_HOME to a HEADLAB_HOME "
+                    "whose zoo holds it (python -m core zoo --preset real)")
+    target = zoo_dir() / MODEL
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if not target.exists():
+        target.symlink_to(source.resolve(), target_is_directory=True)
+    return target
+
+
+@pytest.fixture(scope="module")
+def server(real_zoo):
+    if not CHROMIUM.exists():
+        pytest.skip("the browser test drives Debian's chromium at /usr/bin/chromium, which is not installed")
+    pytest.importorskip("playwright.sync_api", reason="pip playwright is not installed in this environment")
+    port = free_port()
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with open(SHOTS.parent / "streamlit-server-real.log", "wb") as log:
+        proc = serve_app(port, log)
+        try:
+            yield ServerURL(f"http://127.0.0.1:{port}", proc.pid)
+        finally:
+            stop_app(proc)
+
+
+@pytest.fixture(scope="module")
+def tab(server):
+    from playwright.sync_api import sync_playwright  # optional: the server fixture skips when it is missing
+
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        context = chromium.new_context(viewport={"width": 1440, "height": 1000}, device_scale_factor=1)
+        page = context.new_page()
+        page.set_default_timeout(600_000)
+        yield page
+        chromium.close()
+
+
+def test_every_page_opens_on_smollm2_without_an_error(server, tab):
+    for path, title in PAGES:
+        tab.goto(f"{server}/{path}?{QUERY}")
+        wait_until_idle(tab, title)
+        assert_no_exception(tab)
+        errors = tab.locator(ERROR_BOX).all_inner_texts()
+        assert errors == [], (title, errors)
+        screenshot(tab, f"real-{path or 'zoo'}")
+
+
+def test_the_lab_proposes_a_probe_size_and_runs_a_verdict_on_smollm2(server, tab):
+    tab.goto(f"{server}/ablation?{QUERY}")
+    wait_until_idle(tab, "Ablation lab")
+    panel = tab.get_by_text("Probe size: about").first
+    panel.wait_for()
+    assert "per study at N = 16" in panel.inner_text()
+    heads = tab.locator('input[aria-label="Heads to ablate"]')
+    heads.fill("L17H3,L17H4")
+    heads.press("Enter")
+    wait_until_idle(tab, "Ablation lab")
+    draws = tab.locator('input[aria-label="Random draws N"]')
+    draws.fill("3")
+    draws.press("Enter")
+    wait_until_idle(tab, "Ablation lab")
+    tab.get_by_text("smallest p").first.wait_for()  # the power table: 1 / (3 + 1)
+    assert tab.get_by_text("cannot go below 1/(controls + 1) = 0.25").count() == 1
+    tab.get_by_role("button", name="Run ablation").click()
+    tab.get_by_role("heading", name="Verdict").wait_for()
+    wait_until_idle(tab, "Ablation lab")
+    assert_no_exception(tab)
+    assert tab.locator(ERROR_BOX).all_inner_texts() == []
+    screenshot(tab, "real-ablation-verdict")
