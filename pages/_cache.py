@@ -24,7 +24,7 @@ from typing import Any, Callable
 import numpy as np
 import streamlit as st
 
-from core.ablation.clean_run import CleanRuns
+from core.ablation.clean_run import CleanRuns, clean_run_key, fits_clean_run, forward_seconds
 from core.ablation.engine import run_conditions
 from core.ablation.study import AblationResult, AblationSettings, ablate_alone, ablation_study, preview_result
 from core.ablation.workers import ablation_study_on, ablation_workers, warm_workers
@@ -42,8 +42,8 @@ from core.pipelines.patching import PatchingReport, PatchPlan, patch_loaded
 from core.pipelines.proposers import DISPOSER, proposers_vs_disposer
 from core.pipelines.recipe import ScreenSettings, screen, screen_checkpoint
 from core.pipelines.sweep import SweepItem, probe_sweep
-from core.probe import check_probe_fits, full_attention_pattern, head_stats, probe_batch_for
-from core.store import canonical_json
+from core.probe import check_probe_fits, full_attention_pattern, head_stats, head_stats_key, probe_batch_for
+from core.store import canonical_json, has_entry
 from core.tasks.probe_file import ProbeFile
 from core.tasks.specs import probe_spec, spec_from_json
 from core.tasks.tokens import tokenizer_of_folder
@@ -145,13 +145,38 @@ def forget_data() -> None:
     st.cache_data.clear()
 
 
+def _measure_with_progress(ws: Workspace) -> None:
+    """A checkpoint not in core's disk cache yet is measured here with a progress bar (a real model's pass takes
+    minutes; Streamlit's Stop, or leaving the page, interrupts it at the next update), so the cached read after it
+    is a disk hit."""
+    batch = cached_batch(ws.spec_json)
+    if has_entry(head_stats_key(ws.ref, ws.revision, dict(batch.spec), ws.dtype)):
+        return
+    n = int(batch.tokens.shape[0])
+    bar = st.progress(0.0, text=f"Loading {ws.model_name} to measure every head on {n} examples...")
+    model = cached_model(ws.model_name, ws.revision, ws.stamp, ws.dtype)
+
+    done = 0
+
+    def show(finished: int) -> None:  # head_stats reports each chunk's examples (tqdm's update)
+        nonlocal done
+        done += finished
+        bar.progress(min(done / max(n, 1), 1.0), text=f"Measuring every head of {ws.model_name}: {done}/{n} examples "
+                     "(once, then cached on disk; Stop at the top right cancels)")
+
+    head_stats(ws.ref, resolve_checkpoint(ws.ref, ws.revision), batch, model=model, dtype=ws.dtype, progress=show)
+    bar.empty()
+
+
 def checkpoint_stats(ws: Workspace):
     check_fits(ws)
+    _measure_with_progress(ws)
     return cached_stats(ws.model_name, ws.revision, ws.spec_json, ws.stamp, ws.dtype)
 
 
 def checkpoint_screen(ws: Workspace):
     check_fits(ws)
+    _measure_with_progress(ws)
     return cached_checkpoint_screen(ws.model_name, ws.revision, ws.spec_json, ws.stamp, ws.dtype)
 
 
@@ -276,9 +301,32 @@ def cached_ablation_workers(backend: str) -> WorkerPool:
 
 
 @st.cache_resource(show_spinner=False, max_entries=4)
-def cached_clean_runs(model_name: str, revision: str, probe_json: str, stamp: str, dtype: str) -> CleanRuns:
-    """Where the serial lab keeps the clean run of a checkpoint's probe between clicks (the engine's CleanRuns)."""
-    return CleanRuns()
+def cached_clean_runs(model_name: str, revision: str, probe_json: str, stamp: str, dtype: str,
+                      _disk_key: str | None = None) -> CleanRuns:
+    """Where the serial lab keeps the clean run of a checkpoint's probe between clicks (the engine's CleanRuns):
+    one per server process, shared by every browser session, and on disk under _disk_key (core's cache) for the
+    next server."""
+    return CleanRuns(disk_key=_disk_key)
+
+
+def _lab_clean_runs(ws: Workspace, probe_file: ProbeFile | None, batch: Any) -> CleanRuns:
+    """The lab's CleanRuns for this checkpoint and probe (keyed on disk like the probe cache)."""
+    key = clean_run_key(ws.ref, ws.revision, dict(batch.spec), ws.dtype)
+    return cached_clean_runs(ws.model_name, ws.revision, _probe_json(ws, probe_file), ws.stamp, ws.dtype, _disk_key=key)
+
+
+@st.cache_resource(show_spinner="Timing one forward of this model...", max_entries=8)
+def cached_forward_seconds(model_name: str, revision: str, stamp: str, dtype: str, seq_len: int) -> float:
+    """Seconds one example of `seq_len` tokens takes through the model here (the best of two timed
+    forwards of 2 examples, after a warm-up): what the lab's time estimates multiply."""
+    return forward_seconds(cached_model(model_name, revision, stamp, dtype), seq_len)
+
+
+def lab_clean_run_kept(ws: Workspace, probe_file: ProbeFile | None = None) -> bool:
+    """Whether the lab's clean run of this checkpoint and probe is kept (in this process or on disk)."""
+    model = cached_model(ws.model_name, ws.revision, ws.stamp, ws.dtype)
+    batch = _lab_batch(ws, probe_file)
+    return _lab_clean_runs(ws, probe_file, batch).find(model, batch) is not None
 
 
 @st.cache_resource(show_spinner=False, max_entries=4)
@@ -294,16 +342,24 @@ def _lab_batch(ws: Workspace, probe_file: ProbeFile | None):
     return cached_file_batch(ws.model_name, ws.revision, ws.stamp, ws.dtype, _probe_json(ws, probe_file), probe_file)
 
 
-def prepare_ablation(ws: Workspace, probe_file: ProbeFile | None = None) -> None:
+def prepare_ablation(ws: Workspace, probe_file: ProbeFile | None = None, max_seconds: float | None = None) -> None:
     """Before the click: load the workspace checkpoint and record the clean run of the lab's probe (the
-    workspace's, or probe_file's prompts), here or in every Ray worker; milliseconds once they hold it."""
+    workspace's, or probe_file's prompts), here or in every Ray worker; milliseconds once they hold it.
+
+    Serial: a clean run kept in this process or on disk is used; one that would not be kept (too large
+    for CleanRuns) is not run here; with max_seconds, one estimated to take longer is left to the first
+    ablation, which shows its progress and can be cancelled."""
     if ws.backend == "serial":
         model = cached_model(ws.model_name, ws.revision, ws.stamp, ws.dtype)
-        clean_runs = cached_clean_runs(ws.model_name, ws.revision, _probe_json(ws, probe_file), ws.stamp, ws.dtype)
         batch = _lab_batch(ws, probe_file)
-        if clean_runs.find(model, batch) is None:
-            with st.spinner("Running the clean forward the ablations start from..."):
-                run_conditions(model, batch, [], clean_runs=clean_runs)
+        clean_runs = _lab_clean_runs(ws, probe_file, batch)
+        n, seq_len = int(batch.tokens.shape[0]), int(batch.tokens.shape[1])
+        if clean_runs.find(model, batch) is None and fits_clean_run(model, n, seq_len):
+            seconds = n * cached_forward_seconds(ws.model_name, ws.revision, ws.stamp, ws.dtype, seq_len)
+            if max_seconds is None or seconds <= max_seconds:
+                with st.spinner(f"Running the clean forward the ablations start from ({n} examples, about "
+                                f"{seconds:.0f} s; then kept for every session and on disk)..."):
+                    run_conditions(model, batch, [], clean_runs=clean_runs)
         return
     workers = cached_ablation_workers(ws.backend)
     with st.spinner("Loading the checkpoint into the Ray workers..."):
@@ -349,7 +405,7 @@ def run_ablation(ws: Workspace, selection: HeadSet, settings: AblationSettings,
     batch = _lab_batch(ws, probe_file)  # a probe file's: tokenized here (for the per-example table) and, on Ray, in each worker
     if ws.backend == "serial":
         model = cached_model(ws.model_name, ws.revision, ws.stamp, ws.dtype)
-        clean_runs = cached_clean_runs(ws.model_name, ws.revision, _probe_json(ws, probe_file), ws.stamp, ws.dtype)
+        clean_runs = _lab_clean_runs(ws, probe_file, batch)
         # threads for the load now, not the session's start: the browser drawing the page then is idle by the click
         apply_thread_policy()
         start = time.perf_counter()

@@ -1,5 +1,6 @@
 """Ablation lab (Step 3): pick heads on the grid, ablate them against matched-random controls and the upper bound."""
 
+import numpy as np
 import pandas as pd
 import streamlit as st
 
@@ -13,10 +14,11 @@ from core.stats.controls import CONTROL_KINDS, count_any_layer_sets, count_match
 from core.stats.inference import METRICS, MIN_CLOSURE_CONTROLS, evidence_flags, format_z, verdict_tone
 from core.stats.spectral import resolve_k, top_k
 from core.tasks.vocab import token_label
-from pages._cache import checkpoint_screen, prepare_ablation, run_ablation, screen_report, stored_ablation
+from pages._cache import (cached_forward_seconds, checkpoint_screen, lab_clean_run_kept, prepare_ablation, run_ablation,
+                          screen_report, stored_ablation)
 from pages._state import (ABLATION_HEADS, HAND_OFF_NOTE, HEADS_MODEL, HEADS_TEXT, HEADS_URL, LAB_ON_FILE,
-                          LAB_ON_WORKSPACE, LAB_PROBE, ablation_history, open_in_inspector, require_workspace,
-                          uploaded_probe_file)
+                          LAB_ON_WORKSPACE, LAB_PROBE, N_EXAMPLES, ablation_history, open_in_inspector,
+                          require_workspace, set_choice, uploaded_probe_file)
 from pages._widgets import chart_pick, guarded, show_figure
 
 GRID_KEY = "ablation_grid"  # the grid's container; the chart inside gets a new key after each pick (see _grid_key)
@@ -24,6 +26,8 @@ GRID_ROUND = "_ablation_grid_round"  # how many picks the grid has taken this se
 URL_HEADS_TAKEN = "_ablation_url_heads_taken"  # the link's heads were read (once a session: later the page writes them)
 CANCELLED = "_ablation_cancelled"  # set by the cancel button, read by the running study
 PRESET_MESSAGE = "_preset_message"  # why a preset found no heads (shown after the rerun)
+TARGET_SECONDS = 20.0  # the proposed probe size answers a study in about this long on this machine
+PREPARE_SECONDS = 5.0  # a clean run estimated longer is not run when the page opens, but with the first ablation
 VERDICT_TITLES = {"recipe": "Recipe verdict [SPC]", "closure_paper": "Closure verdict, paper rule [CVC]",
                   "closure_reference": "Closure verdict, reference rule [CVC]"}
 
@@ -119,6 +123,79 @@ def _live_drawer(slot, ws):
                             theme=None, width="stretch", config={"displaylogo": False})
 
     return draw
+
+
+def _study_seconds(per_example: float, n: int, n_conditions: int, replay_fraction: float, clean_kept: bool) -> float:
+    """Estimated seconds of a study: the clean forward (unless kept) and each condition replaying its layers."""
+    return per_example * n * ((0.0 if clean_kept else 1.0) + n_conditions * replay_fraction)
+
+
+def _use_n(n: int) -> None:
+    set_choice(N_EXAMPLES, n)
+
+
+def _probe_size_panel(ws, selection, n_controls: int, n_layers: int, history: list) -> float:
+    """Propose the probe size that answers in about TARGET_SECONDS here and say what it costs in power;
+    returns the estimated seconds of a study at the workspace's N."""
+    n_now, seq_len = ws.spec.n_examples, ws.spec.seq_len
+    per_example = cached_forward_seconds(ws.model_name, ws.revision, ws.stamp, ws.dtype, seq_len)
+    kept = ws.backend == "serial" and lab_clean_run_kept(ws)  # Ray workers keep their own
+    start = min(selection.layers) if selection is not None and len(selection) else n_layers // 2
+    fraction = (n_layers - start) / n_layers  # a condition replays the blocks from its lowest ablated layer on
+    n_conditions = n_controls + 2  # the candidate, the controls and the upper bound
+    sizes = sorted({8, 16, 32, 64, 128, 256, n_now} - {s for s in (8, 16, 32, 64, 128, 256) if s > n_now})
+    fits = [n for n in sizes if _study_seconds(per_example, n, n_conditions, fraction, kept and n == n_now) <= TARGET_SECONDS]
+    proposed = max(fits) if fits else min(sizes)
+    seconds_now = _study_seconds(per_example, n_now, n_conditions, fraction, kept)
+    proposed_seconds = _study_seconds(per_example, proposed, n_conditions, fraction, kept and proposed == n_now)
+    # when even the smallest probe is slow, the controls are what to cut: how many fit the target at that size
+    budget = TARGET_SECONDS / (per_example * proposed) - (0.0 if kept and proposed == n_now else 1.0)
+    controls_fit = int(budget / fraction) - 2 if fraction > 0 else n_controls
+    runs_here = [h for h in history if h["model"] == ws.model_name]
+    sd = None
+    if runs_here:
+        last = runs_here[0]["result"]
+        sd = float(np.std(example_damage(last.clean, last.candidate, "loss"), ddof=1))
+    if proposed != n_now and fits:
+        headline = f"; N = {proposed} answers in about {proposed_seconds:.0f} s"
+    elif not fits:
+        headline = f"; even N = {proposed} takes about {proposed_seconds:.0f} s here"
+    else:
+        headline = ""
+    with st.expander(f"Probe size: about {seconds_now:.0f} s per study at N = {n_now} here" + headline,
+                     expanded=seconds_now > TARGET_SECONDS):
+        st.caption(f"One example of {seq_len} tokens takes {per_example * 1000:.0f} ms through {ws.model_name} "
+                   f"({ws.dtype}) on this machine now. A study is the clean forward"
+                   f"{' (kept: not rerun)' if kept else ''} and {n_conditions} conditions (the candidate, "
+                   f"{n_controls} controls, the upper bound), each replaying layers {start}..{n_layers - 1} "
+                   "(from the lowest ablated layer). Estimates; a busy machine is slower.")
+        p_min = 1 / (n_controls + 1)
+        rows = []
+        for n in sizes:
+            row = {"N examples": n,
+                   "est. seconds": round(_study_seconds(per_example, n, n_conditions, fraction, kept and n == n_now), 1),
+                   "SE of each Δ, vs N now": f"{np.sqrt(n_now / n):.2f}x"}
+            if sd is not None:
+                row["SE of Δ loss (nats)"] = f"{sd / np.sqrt(n):.3g}"
+            row["smallest p"] = f"{p_min:.3g}"
+            rows.append(row)
+        st.dataframe(pd.DataFrame(rows), hide_index=True)
+        st.caption(f"Power: the standard error of every Δ grows as 1/√N"
+                   + (f" (SE column: the per-example sd of Δ loss, {sd:.3g} nats, from this session's last run on "
+                      f"{ws.model_name})" if sd is not None else "")
+                   + f". The rank p cannot go below 1/(controls + 1) = {p_min:.3g} with {n_controls} controls, "
+                   f"whatever N; the closure verdicts need at least {MIN_CLOSURE_CONTROLS} controls. Fewer examples "
+                   "leave p's floor alone but widen each Δ's interval, so a small effect ranks less reliably.")
+        if not fits and 1 <= controls_fit < n_controls:
+            st.caption(f"To answer in about {TARGET_SECONDS:.0f} s at N = {proposed}, use {controls_fit} controls: the "
+                       f"smallest p then is {1 / (controls_fit + 1):.3g}"
+                       + (f", and the closure verdicts, which need {MIN_CLOSURE_CONTROLS}, are inconclusive"
+                          if controls_fit < MIN_CLOSURE_CONTROLS else "") + ". Or choose bfloat16 in the sidebar.")
+        if proposed != n_now:
+            st.button(f"Use N = {proposed} (about {_study_seconds(per_example, proposed, n_conditions, fraction, False):.0f} s "
+                      "with its clean run)", key="use_proposed_n", on_click=_use_n, args=(proposed,),
+                      help="Sets the sidebar's N examples for the whole workspace (every page measures on it).")
+    return seconds_now
 
 
 st.title("Ablation lab")
@@ -219,17 +296,21 @@ with grid_box:
         show_figure(grid, _grid_key(), pickable=True, stretch=False)
     st.button("Clear selection", key="clear_heads", on_click=_clear_heads, disabled=not text.strip(),
               icon=":material/deselect:")
-guarded(lambda: prepare_ablation(ws, lab_file), stop=False)  # the clean run (here or in the Ray workers) before the click
+# the clean run (here or in the Ray workers) before the click, unless it is slow: then the first Run does it, with progress
+guarded(lambda: prepare_ablation(ws, lab_file, max_seconds=PREPARE_SECONDS), stop=False)
+history = ablation_history()
+study_seconds = _probe_size_panel(ws, selection, n_controls, n_layers, history) if lab_file is None else None
 
 # ------------------------------------------------------------------ run
-history = ablation_history()
 if run and selection is not None:
     settings = AblationSettings(n_controls=n_controls, controls=control_kind, mode=mode, seed=seed)
     entry = stored_ablation(ws, selection, settings, lab_file)
     if entry is None:
         cancel_slot = st.empty()
         cancel_slot.button("Cancel run", key="cancel_ablation", on_click=_cancel, icon=":material/cancel:")
-        bar = st.progress(0.0, text="Loading the model...")
+        first = ("Loading the model..." if study_seconds is None else
+                 f"Running the clean forward and {n_controls + 2} conditions (about {study_seconds:.0f} s here)...")
+        bar = st.progress(0.0, text=first)
         live = st.empty()  # the candidate's deltas as soon as they are measured, then the controls filling the strip
         try:
             entry = run_ablation(
