@@ -10,6 +10,7 @@ from core.ablation.spec import SEQUENCE_MODES, mode_help, mode_label
 from core.errors import HeadLabError
 from core.figures.attribution import hero_bloat_heatmap, joint_ablation_bars, rank_scatter, rho_strip
 from core.heads import head_name, parse_heads
+from core.model.refs import read_manifest
 from core.pipelines.attribution import manifest_task, sequence_zoo_models, stored_summaries
 from core.pipelines.attribution_results import (CLASS_RULES, DEFAULT_THRESHOLD, GRADIENT_VARIANTS,
                                                 AttributionSettings, parse_component)
@@ -152,6 +153,10 @@ st.caption("[HHG] For a model trained on sequence reversal or sorting: each head
 
 # ------------------------------------------------------------------ which task
 trained_for = guarded(lambda: manifest_task(ws.ref))
+if trained_for is None and ws.ref.kind == "zoo":  # an imported pretrained model's manifest names no task
+    manifest = guarded(lambda: read_manifest(ws.ref.name, missing_ok=True)) or {}
+    if manifest.get("kind") == "imported":
+        trained_for = "language modelling (an imported pretrained model)"
 if trained_for is not None and trained_for not in TASKS:
     # a normal state (the workspace holds another kind of model), not an error
     st.info(f"{ws.model_name} was trained for {trained_for!r}, not sequence reversal or sorting; gradient vs causal "
