@@ -40,6 +40,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "known": ("core.cli.known", "known", "models whose circuit is known (hand-wired, planted): list, --build"),
     "benchmark": ("core.cli.benchmark", "benchmark", "every proposer, patching and edge method scored against the known circuits"),
     "edges": ("core.cli.edges", "edges", "edge-level discovery (EAP, EAP-IG, ACDC) with faithfulness curves and random edge sets"),
+    "study": ("core.cli.study", "study", "a real model's circuit report (induction or IOI): JSON, Markdown and figures"),
 }
 BENCH_MODULE = "core.cli.bench"
 BENCH_HELP = "benchmarks that print ratios against a baseline run in the same process"
