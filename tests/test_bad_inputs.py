@@ -173,6 +173,14 @@ CLI_CASES = [  # (id, argv with {tmp} for a scratch folder holding a-file, what 
     ("bench dtype --pairs 0", ["bench", "dtype", "--models", MODEL, "--pairs", "0"], "--pairs is 0; give a whole number"),
     ("bench ablation --threads 0", ["bench", "ablation", "--threads", "0"], "--threads is 0; give a whole number"),
     ("bench scale --n 0", ["bench", "scale", "--n", "0"], "--n, --repeats, --chunk-size and --controls take whole numbers"),
+    # issue 42: study
+    ("study --task unknown", ["study", MODEL, "--task", "greater-than"], "invalid choice: 'greater-than'"),
+    ("study --n 0", ["study", MODEL, "--task", "induction", "--n", "0"], "study n is 0; give a whole number of 1 or more"),
+    ("study --n 10**9", ["study", MODEL, "--task", "ioi", "--n", str(10**9)], "more than 2048 examples"),
+    ("study --out at a file", ["study", MODEL, "--task", "induction", "--quick", "--out", A_FILE], "is a file, not a folder"),
+    ("study --out under a file", ["study", MODEL, "--task", "induction", "--out", A_FILE + "/report"],
+     "is a file, not a folder"),
+    ("study --task ioi on a byte-level model", ["study", MODEL, "--task", "ioi", "--quick"], "word-level tokenizer"),
 ]
 IDS = list(range(1, 11))  # a prompt of ten byte tokens, the query's token 10 never seen before
 
@@ -690,3 +698,54 @@ def test_an_edge_set_ahead_of_its_controls_by_rounding_is_not_beyond_them():
     assert edge_set_verdict(first, True, 32, lead=0.2).label == "beyond its controls"
     rounding = edge_set_verdict(first, True, 32, lead=3e-8)  # ACDC at threshold 0: 1.00000003 against 1.0
     assert rounding.label == "not beyond its controls" and "rounding-size" in rounding.reasons[0]
+
+
+# ------------------------------------------------------------------------------ issue 41: the benchmark's report and cache
+
+
+def test_an_edge_only_benchmark_writes_its_report_and_a_bad_report_replaces_nothing(home, tmp_path, capsys):
+    out = tmp_path / "bench"
+    status = main(["benchmark", "known-induction-neox", "--quick", "--methods", "EAP", "--draws", "100", "--no-figures",
+                   "--out", str(out)])
+    capsys.readouterr()
+    assert status == 0 and (out / "report.md").is_file()  # an edge-only run: its report.md too
+    report = json.loads((out / "report.json").read_text())
+    assert report["provenance"]["device"] == "cpu" and report["provenance"]["device_asked"] == "cpu"
+    good = {name: (out / name).read_bytes() for name in ("report.json", "report.md")}
+    (tmp_path / "other.json").write_text(json.dumps({"model": MODEL}))  # a probe's --json, not a report
+    (tmp_path / "cut.json").write_text(json.dumps({k: v for k, v in report.items() if k != "table"}))
+    for bad, says in (("other.json", "is not a benchmark report"), ("cut.json", "is not a whole benchmark report")):
+        status, err = run_cli(["benchmark", "--from-report", tmp_path / bad, "--out", out], capsys)
+        assert status == 2 and says in err and len(err.strip().splitlines()) == 1, err
+        assert {name: (out / name).read_bytes() for name in good} == good  # the good report is kept
+
+
+def test_the_benchmark_cache_key_follows_the_circuit_and_a_hand_edited_entry_is_corrupt(home):
+    from dataclasses import replace
+
+    from core.heads import HeadSet
+    from core.pipelines import benchmark as bench
+    from core.zoo.known import KNOWN_MODELS
+
+    KNOWN_MODELS["known-induction-neox"](progress=False)
+    case = bench.known_case("known-induction-neox")
+    grown = replace(case, truth=HeadSet.of(tuple(case.truth) + ((0, 0), (0, 1))))
+    assert bench._item_key(case, "scores/gradient", {}) != bench._item_key(grown, "scores/gradient", {})
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"method": "gradient", "scores": [[1.0, 2.0]], "proposal": ["L0H1"], "rationale": "top 1"}
+
+    first = bench.cached_item(case, "scores/x", {}, compute, check=bench.check_head_scores)
+    assert first[2] == "cpu" and calls == [1]
+    path = bench._item_path(bench._item_key(case, "scores/x", {}))
+    record = json.loads(path.read_text())
+    for edit in ({"scores": "lots"}, {"scores": [1.0, 2.0]}, {"proposal": ["L99"]}, {"proposal": 5}):
+        path.write_text(json.dumps({**record, "result": {**record["result"], **edit}}))
+        with pytest.warns(CorruptCacheEntryWarning, match="is corrupt"):
+            result, _, _ = bench.cached_item(case, "scores/x", {}, compute, check=bench.check_head_scores)
+        assert result == compute() and json.loads(path.read_text())["result"] == compute()  # replaced
+    for bad in ({"n_draws": 10**8}, {"n_controls": 10**6}):
+        with pytest.raises(HeadLabError, match="over its bound"):
+            bench.BenchmarkSettings(**bad)
