@@ -152,7 +152,8 @@ def selectivity_strip(sel: np.ndarray, pattern: str, model: str, probe_spec: dic
     fig.update_layout(template=SCREEN, title=f"{pattern} selectivity by layer at {revision}", height=360,
                       xaxis_title="layer", yaxis_title="selectivity (log)", showlegend=False)
     fig.update_yaxes(type="log", dtick=1)
-    fig.update_xaxes(tickmode="array", tickvals=list(range(n_layers)))
+    step = 1 if n_layers <= 16 else 2  # 30 layers' labels in a half-width column turned on their side: every other one
+    fig.update_xaxes(tickmode="array", tickvals=list(range(0, n_layers, step)), tickangle=0)
     rows = tuple({"revision": revision, "pattern": pattern, "layer": l, "head": h, "selectivity": float(sel[l, h])}
                  for l in range(n_layers) for h in range(n_heads))
     prov = provenance(figure="selectivity_strip", model=model, probe_spec=probe_spec, revision=revision,
