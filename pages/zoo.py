@@ -8,6 +8,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from core.errors import HeadLabError
+from core.model.gguf import QUANTIZED_NOTE, source_text
 from core.model.refs import list_zoo, read_manifest
 from core.zoo.presets import ZOO_PRESETS, train_zoo
 from pages._cache import forget_data
@@ -89,8 +90,14 @@ for name in zoo_names:
         "checkpoints": len(manifest.get("checkpoints", [])),
         "complete": bool(manifest.get("complete")),
         "training time": f"{seconds / 60:.1f} min" if isinstance(seconds, (int, float)) else "—",
+        # an imported pretrained model (models import, zoo --preset real): where it came from
+        "licence": (manifest.get("source") or {}).get("licence") or "—",
+        "source": source_text(manifest["source"]) if manifest.get("source") else "trained here",
+        "SHA-256": (manifest.get("source") or {}).get("sha256") or "—",
     })
 st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+if any(r["source"] != "trained here" for r in rows):
+    st.caption(f"Note: {QUANTIZED_NOTE}.")
 st.caption("Start with induction-neox, the zoo's main model: its induction circuit is the one the papers describe.")
 
 if workspace is None:

@@ -9,13 +9,11 @@ from __future__ import annotations
 import argparse
 
 from core.errors import HeadLabError
-from core.model.gguf import import_gguf_once
+from core.model.gguf import QUANTIZED_NOTE, import_gguf_once, source_text
 from core.model.refs import RETRAIN_HINT, ModelRef, list_checkpoints, list_zoo, read_manifest
 from core.workspace import zoo_dir
 
 IMPORT_WORD = "import"  # `models import FILE`: the first word picks the import (a zoo model named "import" is shadowed)
-QUANTIZED_NOTE = ("imported models are 4-bit quantizations dequantized to float32: what HeadLab finds in them is "
-                  "found in the quantized model, which may differ from the full-precision release")
 
 
 def add_models_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,11 +75,3 @@ def list_models() -> dict:
         print(f"note: {QUANTIZED_NOTE}.")
     return {"zoo": str(zoo_dir()), "models": rows}
 
-
-def source_text(source: dict) -> str:
-    """Where an imported model came from, in a few words: its packages, else its file."""
-    packages = source.get("packages")
-    if packages:
-        return "pip package " + ", ".join(f"{p['package']}=={p['version']}" for p in packages[:1]) + (
-            f" (+{len(packages) - 1} part packages)" if len(packages) > 1 else "")
-    return str(source.get("file"))

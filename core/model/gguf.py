@@ -35,6 +35,8 @@ from core.workspace import atomic_directory, atomic_write_json, zoo_dir
 IMPORT_REVISION = "main"  # an imported model has one checkpoint, its release; its training position is unknown
 IMPORT_KIND = "imported"
 GGUF_MAGIC = b"GGUF"
+QUANTIZED_NOTE = ("imported models are 4-bit quantizations dequantized to float32: what HeadLab finds in them is "
+                  "found in the quantized model, which may differ from the full-precision release")
 _NOT_IN_A_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 # (zoo, path, size, mtime) -> zoo name: a page names its model on every rerun, and a 250 MB file is hashed once
 _RESOLVED: dict[tuple[str, str, int, int], str] = {}
@@ -262,6 +264,15 @@ def zoo_name_for_gguf(path: Path) -> str:
     if path.is_file():
         _RESOLVED[key] = name
     return name
+
+
+def source_text(source: dict) -> str:
+    """Where an imported model came from, in a few words: its packages, else its file."""
+    packages = source.get("packages")
+    if packages:
+        return "pip package " + ", ".join(f"{p['package']}=={p['version']}" for p in packages[:1]) + (
+            f" (+{len(packages) - 1} part packages)" if len(packages) > 1 else "")
+    return str(source.get("file"))
 
 
 register_gguf_resolver(zoo_name_for_gguf)
