@@ -11,6 +11,7 @@ core's disk cache (core/store.py) and read back by the next process or server th
 
 from __future__ import annotations
 
+import time
 import weakref
 from types import SimpleNamespace
 from typing import Any, Iterable
@@ -280,3 +281,19 @@ def fits_clean_run(model: Any, n: int, seq_len: int) -> bool:
     n_layers = len(model.blocks)
     n_parallel = sum(adds_attention_to_residual(model, layer) for layer in range(n_layers))
     return (1 + n_layers + 2 * n_parallel) * n * seq_len * shape.d_model * shape.element_size <= CLEAN_RUN_BYTES
+
+
+@torch.no_grad()
+def forward_seconds(model: Any, seq_len: int, rows: int = 2) -> float:
+    """Seconds per example of a plain forward of `seq_len` tokens on this machine now (the best of two timed
+    forwards of `rows` examples after a warm-up): the unit the lab's time estimates are made of."""
+    vocab = int(getattr(model.cfg, "d_vocab", 256))
+    tokens = torch.randint(0, min(vocab, 256), (rows, seq_len), generator=torch.Generator().manual_seed(0))
+    tokens = tokens.to(model_device(model))
+    model(tokens[:1, : min(seq_len, 8)])  # warm-up: first-call allocations and lazy initialisation
+    best = float("inf")
+    for _ in range(2):
+        start = time.perf_counter()
+        model(tokens)
+        best = min(best, time.perf_counter() - start)
+    return best / rows
