@@ -31,6 +31,18 @@ def test_pythia_160m_shape_has_32347_edges():
     assert EdgeGraph(12, 12, True).n_edges == 36 * 870 + 870 + 157 == 32347
 
 
+def test_grouped_query_attention_changes_no_edge_and_the_real_models_counts_are_the_hand_counts():
+    """Each query head keeps its own q, k and v inputs under GQA; SmolLM2-135M (30 x 9 heads, 3 key/value heads) and
+    Gemma-3-270M (18 x 4 heads, 1 key/value head), both sequential, have the hand-counted edges."""
+    smollm2, gemma3 = EdgeGraph(30, 9, False, n_key_value_heads=3), EdgeGraph(18, 4, False, n_key_value_heads=1)
+    assert smollm2.n_edges == hand_count(30, 9, False) == 123211
+    assert gemma3.n_edges == hand_count(18, 4, False) == 10342
+    assert gemma3.edges == EdgeGraph(18, 4, False).edges
+    assert smollm2.summary()["n_key_value_heads"] == 3 and EdgeGraph(2, 4, True).summary()["n_key_value_heads"] == 4
+    assert EdgeGraph.from_summary(gemma3.summary()) == gemma3
+    gemma3.index("L0H1->L5H2.k")  # a grouped head's own key input is an edge
+
+
 def test_which_senders_reach_which_inputs():
     parallel, sequential = EdgeGraph(2, 2, True), EdgeGraph(2, 2, False)
     for graph in (parallel, sequential):

@@ -9,6 +9,11 @@ reads: every earlier layer's heads and MLPs, the embeddings, and, in a sequentia
 then MLP, cfg.parallel_attn_mlp false), the same layer's heads into its MLP. A parallel-residual
 block (GPT-NeoX, Pythia) feeds its heads and MLP the same residual, so head l does not reach MLP l.
 
+Under grouped-query attention (n_key_value_heads < n_heads) the nodes are still the query heads, and
+"L5H2.k" / "L5H2.v" are query head 2's own copies of the residual entering its group's shared K / V
+projection (MIB's convention; core.ablation.patching.paths.ungrouped_key_values): the graph is the same
+as with full multi-head attention, and n_key_value_heads is recorded for the reader.
+
 An edge's text is "SENDER->RECEIVER" with the receiver's input: "L0H0->L1H0.k", "embed->L0H1.v",
 "MLP0->L1H2.q", "L1H0->logits". Edges are listed sender-major in node order (`EdgeGraph.edges`),
 and every per-edge array in HeadLab ([edge]) follows that order. The mask [sender, receiver] says
@@ -81,13 +86,16 @@ class EdgeGraph:
     """Every edge of a model of `n_layers` x `n_heads` (with MLPs unless attn_only).
 
     senders: node names, in forward order; receivers: input names ("L1H0.k", "MLP1", "logits"), in
-    forward order; mask: [sender, receiver] bool, True where the pair is an edge.
+    forward order; mask: [sender, receiver] bool, True where the pair is an edge. n_key_value_heads: the
+    model's key/value heads (None: one per query head); it changes no edge, each query head's k and v
+    inputs being its own either way.
     """
 
     n_layers: int
     n_heads: int
     parallel_attn_mlp: bool
     attn_only: bool = False
+    n_key_value_heads: int | None = None
 
     def __post_init__(self) -> None:
         if int(self.n_layers) < 1 or int(self.n_heads) < 1:
@@ -122,8 +130,14 @@ class EdgeGraph:
 
     @cached_property
     def mask(self) -> np.ndarray:
-        """[sender, receiver] bool: True where the sender's output is in the receiver's input."""
-        return np.array([[self._reaches(s, r) for r in self.receivers] for s in self.senders], dtype=bool)
+        """[sender, receiver] bool: True where the sender's output is in the receiver's input (_reaches, for every
+        pair at once: a sender of an earlier layer, or in a sequential block a head of the MLP's own layer)."""
+        nodes = [r.partition(".")[0] for r in self.receivers]
+        s_layer = np.array([node_layer(s, self.n_layers) for s in self.senders])[:, None]
+        r_layer = np.array([node_layer(n, self.n_layers) for n in nodes])[None, :]
+        s_head = np.array([_HEAD.match(s) is not None for s in self.senders])[:, None]
+        r_mlp = np.array([_MLP.match(n) is not None for n in nodes])[None, :]
+        return (s_layer < r_layer) | ((s_layer == r_layer) & s_head & r_mlp & (not self.parallel_attn_mlp))
 
     @cached_property
     def edges(self) -> tuple[Edge, ...]:
@@ -215,15 +229,18 @@ class EdgeGraph:
     @classmethod
     def from_summary(cls, summary: dict) -> "EdgeGraph":
         """The graph a result's `graph` record (summary()) describes."""
+        n_kv = summary.get("n_key_value_heads")
         return cls(int(summary["n_layers"]), int(summary["n_heads"]), bool(summary["parallel_attn_mlp"]),
-                   bool(summary.get("attn_only", False)))
+                   bool(summary.get("attn_only", False)), None if n_kv is None else int(n_kv))
 
     def summary(self) -> dict:
         """Counts a reader wants: nodes, senders, receivers, edges (and edges into heads' q/k/v, MLPs, logits)."""
         into = {"q": 0, "k": 0, "v": 0, "mlp": 0, "logits": 0}
-        for edge in self.edges:
-            into[edge.input or ("logits" if edge.receiver == LOGITS else "mlp")] += 1
-        return {"n_layers": self.n_layers, "n_heads": self.n_heads, "parallel_attn_mlp": self.parallel_attn_mlp,
+        for receiver, count in zip(self.receivers, self.mask.sum(axis=0)):
+            node, _, component = receiver.partition(".")
+            into[component or ("logits" if node == LOGITS else "mlp")] += int(count)
+        return {"n_layers": self.n_layers, "n_heads": self.n_heads, "n_key_value_heads": self.n_key_value_heads or self.n_heads,
+                "parallel_attn_mlp": self.parallel_attn_mlp,
                 "attn_only": self.attn_only, "nodes": len(self.senders) + 1, "senders": len(self.senders),
                 "receivers": len(self.receivers), "edges": self.n_edges, "edges_into": into}
 
@@ -231,11 +248,15 @@ class EdgeGraph:
 def edge_graph_of(model: Any) -> EdgeGraph:
     """The edge graph of a loaded bridge (its cfg: n_layers, n_heads, parallel_attn_mlp, attn_only)."""
     cfg = model.cfg
+    n_kv = getattr(cfg, "n_key_value_heads", None)
     return EdgeGraph(int(cfg.n_layers), int(cfg.n_heads), bool(getattr(cfg, "parallel_attn_mlp", False)),
-                     bool(getattr(cfg, "attn_only", False)))
+                     bool(getattr(cfg, "attn_only", False)), None if n_kv is None else int(n_kv))
 
 
 def edge_graph_of_config(hf_config: Any) -> EdgeGraph:
     """The edge graph of a Hugging Face config without loading weights (counts for the docs and estimates)."""
+    hf_config = getattr(hf_config, "text_config", None) or hf_config
     parallel = bool(getattr(hf_config, "use_parallel_residual", False) or getattr(hf_config, "parallel_attn", False))
-    return EdgeGraph(int(hf_config.num_hidden_layers), int(hf_config.num_attention_heads), parallel)
+    n_kv = getattr(hf_config, "num_key_value_heads", None)
+    return EdgeGraph(int(hf_config.num_hidden_layers), int(hf_config.num_attention_heads), parallel,
+                     n_key_value_heads=None if n_kv is None else int(n_kv))
