@@ -39,7 +39,7 @@ from core.errors import HeadLabError
 from core.results import JsonResult
 from core.tasks.counterfactual import PatchPair
 from core.tasks.probe_batch import MIN_QUERY_POS, ProbeBatch, check_seed
-from core.tasks.tokens import excluded_token_ids, is_byte_tokenizer, tokenizer_fingerprint
+from core.tasks.tokens import excluded_token_ids, is_byte_tokenizer, special_prefix, tokenizer_fingerprint
 
 # The IOI paper's 100 first names (Wang et al. 2022, the `NAMES` list of its dataset code).
 NAMES = (
@@ -306,7 +306,8 @@ class IoiCounterfactualSpec(JsonResult):
 
 def ioi_spec(tokenizer: Any, n_examples: int = 256, seed: int = 42, names: tuple[str, ...] = tuple(NAMES),
              templates: tuple[str, ...] = TEMPLATES) -> IoiSpec:
-    """The IOI spec for a model's tokenizer: the one-token words and the templates that tokenize piece by piece.
+    """The IOI spec for a model's tokenizer: the one-token words and the templates that tokenize piece by piece
+    with no special or unknown token (other than the tokenizer's own prefix, e.g. <bos>).
 
     HeadLabError when the tokenizer is HeadLab's byte tokenizer (no name is one token), or keeps fewer than
     MIN_NAMES names or MIN_TEMPLATES templates.
@@ -321,10 +322,12 @@ def ioi_spec(tokenizer: Any, n_examples: int = 256, seed: int = 42, names: tuple
                            f"places and {len(words['objects'][0])} objects one token; the ioi task needs {MIN_NAMES} "
                            "names and one of each; use a probe file.")
     kept, pieces = [], []
+    unknown = excluded_token_ids(tokenizer) - set(special_prefix(tokenizer))  # e.g. <unk> for a word it lacks
     for template in templates:
         parts = template_parts(template)
         template_ids = _pieces(tokenizer, parts)
-        if _template_tokenizes_by_pieces(tokenizer, parts, template_ids, words):
+        if unknown.isdisjoint(i for piece in template_ids for i in piece) and _template_tokenizes_by_pieces(
+                tokenizer, parts, template_ids, words):
             kept.append(template)
             pieces.append(template_ids)
     if len(kept) < min(MIN_TEMPLATES, len(templates)):

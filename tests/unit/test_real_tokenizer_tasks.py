@@ -132,6 +132,7 @@ def test_ioi_prompts_targets_and_counterfactuals():
         assert len(set(corrupted_names)) == 3 and not {int(clean.target[i]), int(abc.corrupted_target[i])} & set(
             corrupted_names)
     assert clean.spec["task"] == "ioi"
+    assert ioi_spec(TOK, 4).templates == spec.templates  # the other three hold words the vocabulary lacks (<unk>)
     with pytest.raises(HeadLabError, match="word-level tokenizer"):
         ioi_spec(byte_tokenizer(True))
     with pytest.raises(HeadLabError, match="tokenizer"):
