@@ -27,6 +27,7 @@ from core.model.hooks import hook_name, model_shape
 from core.model.loading import DEFAULT_DTYPE, check_device, dtype_name, parse_dtype
 from core.stats.controls import matched_random_controls, upper_bound
 from core.stats.inference import METRICS
+from core.threads import apply_thread_policy
 
 
 def _bench_config() -> GPTNeoXConfig:
@@ -84,12 +85,17 @@ def _naive_conditions(model: Any, batch: Any, conditions: Sequence[Ablation]) ->
 def time_conditions(model: Any, batch: Any, conditions: Sequence[Ablation], repeats: int = 3,
                     chunk_size: int | None = None) -> dict:
     """Time the engine and the naive loop on the same conditions, alternating; medians, ratio, max difference.
-    Also the engine from a kept clean run (CleanRuns, recorded once before: the lab's clicks after the first)."""
+
+    Also the engine from a kept clean run (CleanRuns, recorded once before: the lab's clicks after the
+    first). The engine's two ways swap order every repeat, and each way's process CPU time is kept
+    beside its wall time: on a shared machine the wall time of a run moves with the other processes
+    (a 2-thread run waits for the slower thread at every operation), its CPU time much less.
+    """
     naive_times, engine_times, kept_times = [], [], []
+    naive_cpu, engine_cpu, kept_cpu = [], [], []  # process CPU time: robust when other processes share the cores
     kept = CleanRuns()
     run_conditions(model, batch, [], clean_runs=kept)
     kept_identical = True
-    naive_cpu, engine_cpu = [], []  # process CPU time: robust when other processes share the cores
     max_diff = 0.0
     notes: list[str] = []
     for r in range(repeats):
@@ -97,25 +103,32 @@ def time_conditions(model: Any, batch: Any, conditions: Sequence[Ablation], repe
         naive = _naive_conditions(model, batch, conditions)
         naive_times.append(time.perf_counter() - t0)
         naive_cpu.append(time.process_time() - c0)
-        t0, c0 = time.perf_counter(), time.process_time()
-        clean, results = run_conditions(model, batch, conditions, chunk_size=chunk_size, notes=notes if r == 0 else None)
-        engine_times.append(time.perf_counter() - t0)
-        engine_cpu.append(time.process_time() - c0)
-        t0 = time.perf_counter()
-        kept_clean, kept_results = run_conditions(model, batch, conditions, chunk_size=chunk_size, clean_runs=kept)
-        kept_times.append(time.perf_counter() - t0)
+        ways = ["engine", "kept"] if r % 2 == 0 else ["kept", "engine"]
+        for way in ways:
+            t0, c0 = time.perf_counter(), time.process_time()
+            if way == "engine":
+                clean, results = run_conditions(model, batch, conditions, chunk_size=chunk_size, notes=notes if r == 0 else None)
+                engine_times.append(time.perf_counter() - t0)
+                engine_cpu.append(time.process_time() - c0)
+            else:
+                kept_clean, kept_results = run_conditions(model, batch, conditions, chunk_size=chunk_size, clean_runs=kept)
+                kept_times.append(time.perf_counter() - t0)
+                kept_cpu.append(time.process_time() - c0)
         kept_identical &= all(np.array_equal(a.values(metric), b.values(metric)) for metric in METRICS
                               for a, b in zip([clean] + results, [kept_clean] + kept_results))
         for ref, got in zip(naive, [clean] + results):
             for metric in METRICS:
                 max_diff = max(max_diff, float(np.abs(ref[metric] - got.values(metric)).max()))
     naive_s, engine_s, kept_s = statistics.median(naive_times), statistics.median(engine_times), statistics.median(kept_times)
+    median_cpu = {way: statistics.median(v) for way, v in (("naive", naive_cpu), ("engine", engine_cpu), ("kept", kept_cpu))}
     return {
         "engine_kept_clean_s": kept_s, "speedup_kept_clean_vs_engine": engine_s / kept_s, "kept_clean_identical": kept_identical,
+        "engine_kept_clean_cpu_s": median_cpu["kept"], "speedup_kept_clean_vs_engine_cpu": median_cpu["engine"] / median_cpu["kept"],
+        "kept_clean_times_s": kept_times, "kept_clean_cpu_times_s": kept_cpu, "engine_cpu_times_s": engine_cpu,
         "naive_s": naive_s, "engine_s": engine_s, "speedup": naive_s / engine_s, "max_metric_diff": max_diff,
         "speedup_per_repeat": [n / e for n, e in zip(naive_times, engine_times)],
-        "naive_cpu_s": statistics.median(naive_cpu), "engine_cpu_s": statistics.median(engine_cpu),
-        "speedup_cpu": statistics.median(naive_cpu) / statistics.median(engine_cpu),
+        "naive_cpu_s": median_cpu["naive"], "engine_cpu_s": median_cpu["engine"],
+        "speedup_cpu": median_cpu["naive"] / median_cpu["engine"],
         "n_conditions": len(conditions) + 1, "repeats": repeats, "naive_times_s": naive_times,
         "engine_times_s": engine_times, "chunk_size": chunk_size or 1, "notes": notes,
     }
@@ -129,9 +142,17 @@ def matched_conditions(selection: HeadSet, n_layers: int, n_heads: int, n_contro
 
 
 def bench_ablation(n_examples: int = 64, seq_len: int = 64, n_controls: int = 20, repeats: int = 3, seed: int = 0,
-                   chunk_size: int | None = None, device: str = "cpu", dtype: str = DEFAULT_DTYPE) -> dict:
-    """Time the engine and the naive loop on the same conditions; report medians, ratio and max difference."""
-    torch.set_num_threads(2)
+                   chunk_size: int | None = None, device: str = "cpu", dtype: str = DEFAULT_DTYPE,
+                   threads: int | None = None) -> dict:
+    """Time the engine and the naive loop on the same conditions; report medians, ratio and max difference.
+
+    threads: torch threads (None: HeadLab's choice for the CPUs' load now, core/threads.py, as every command
+    and the lab make it; a fixed 2 on a shared 2-core machine made the kept clean run's wall time 0.54x-1.05x
+    the engine's, from run to run, while it always does less work)."""
+    if threads is None:
+        apply_thread_policy()
+    else:
+        torch.set_num_threads(int(threads))
     model = random_bridge(_bench_config(), seed, device, dtype)
     n_layers, n_heads, _ = model_shape(model)
     gen = torch.Generator().manual_seed(seed)

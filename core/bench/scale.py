@@ -11,6 +11,8 @@ what the weights learned) and probes it with the reference batch (N = 2000, T = 
   through the ablation engine against a naive loop of one full forward per condition.
 On these CPUs one bare pass over the full reference batch takes tens of minutes, so `--n` scales N
 down (the JSON says which N was used); on a GPU run it at the full N with `--device cuda --dtype float16`.
+`--model smollm2-135m` runs the same measurements on a zoo model's real weights instead (e.g. SmolLM2-135M,
+30 x 9 heads; the reference batch's tokens [100, 10000) are ordinary tokens of its vocabulary).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from core.bench.ablation import matched_conditions, random_bridge, time_conditio
 from core.bench.probe import bench_probe
 from core.heads import HeadSet
 from core.model.hooks import model_dtype, model_shape
-from core.model.loading import dtype_name
+from core.model.loading import dtype_name, load_model
+from core.model.refs import ModelRef, resolve_checkpoint
 from core.tasks.induction import reference_probe_spec
 from core.zoo.presets import PYTHIA_SHAPES
 from core.zoo.train import build_hf_config
@@ -47,9 +50,16 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 
 def bench_scale(n_examples: int, shape: str = "pythia-160m", repeats: int = 1, chunk_size: int = 16,
-                n_controls: int = 20, device: str = "cpu", dtype: str = "float32") -> dict:
-    """Instrumented vs bare pass and engine vs naive ablation at `shape` on the reference batch (first N)."""
-    model = random_bridge(build_hf_config(PYTHIA_SHAPES[shape]), seed=0, device=device, dtype=dtype)
+                n_controls: int = 20, device: str = "cpu", dtype: str = "float32", model_name: str | None = None) -> dict:
+    """Instrumented vs bare pass and engine vs naive ablation at `shape` (or on zoo model `model_name`'s
+    real weights) on the reference batch (first N)."""
+    if model_name is None:
+        model = random_bridge(build_hf_config(PYTHIA_SHAPES[shape]), seed=0, device=device, dtype=dtype)
+        vocab = PYTHIA_SHAPES[shape].vocab_size
+    else:
+        ref = ModelRef.parse(model_name)
+        model = load_model(ref, resolve_checkpoint(ref, None).revision, device=device, dtype=dtype)
+        shape, vocab = f"{ref.name} (real weights)", int(model.cfg.d_vocab)
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -63,7 +73,7 @@ def bench_scale(n_examples: int, shape: str = "pythia-160m", repeats: int = 1, c
     peak = peak_memory_bytes(device)
     return {
         "shape": shape, "n_layers": n_layers, "n_heads": n_heads, "d_model": int(model.cfg.d_model),
-        "vocab": PYTHIA_SHAPES[shape].vocab_size, "n_examples": batch.n_examples, "reference_n_examples": full.n_examples,
+        "vocab": vocab, "n_examples": batch.n_examples, "reference_n_examples": full.n_examples,
         "seq_len": batch.seq_len, "device": str(device), "dtype": dtype_name(model_dtype(model)), "chunk_size": chunk_size,
         "threads": torch.get_num_threads(), "repeats": repeats,
         "bare_s": probe["bare_s"], "instrumented_s": probe["instrumented_s"],

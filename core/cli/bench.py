@@ -77,18 +77,23 @@ def add_bench_ablation_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats; medians are reported (default 3)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random model and batch")
     parser.add_argument("--chunk-size", type=int, default=None, help="conditions stacked per forward (default 1 on CPU)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: HeadLab's choice for the CPUs' load, as every command makes it)")
     add_device_arguments(parser)
 
 
 def cli_bench_ablation(args: argparse.Namespace) -> dict:
+    if args.threads is not None and args.threads < 1:
+        raise HeadLabError(f"--threads is {args.threads}; give a whole number of at least 1, or leave it out.")
     result = bench_ablation(args.n_examples, args.seq_len, args.controls, args.repeats, args.seed, args.chunk_size,
-                            args.device, args.dtype)
+                            args.device, args.dtype, args.threads)
     print(
         f"ablation bench (N={result['n_examples']}, T={result['seq_len']}, {result['n_conditions']} conditions incl. clean, "
         f"selection {result['selection']}): naive {result['naive_s']:.3f}s, engine {result['engine_s']:.3f}s, "
         f"speedup {result['speedup']:.2f}x (CPU time: {result['speedup_cpu']:.2f}x), "
         f"max metric diff {result['max_metric_diff']:.2e}; from a kept clean run {result['engine_kept_clean_s']:.3f}s "
-        f"({result['speedup_kept_clean_vs_engine']:.2f}x the engine, identical: {result['kept_clean_identical']})"
+        f"({result['speedup_kept_clean_vs_engine']:.2f}x the engine; CPU time {result['speedup_kept_clean_vs_engine_cpu']:.2f}x; "
+        f"identical: {result['kept_clean_identical']}; {result['threads']} threads)"
     )
     return result
 
@@ -313,6 +318,8 @@ def add_bench_scale_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n", type=int, default=None,
                         help="probe sequences, the first N of the reference batch (default: 2000 on CUDA, 16 on the CPU)")
     parser.add_argument("--shape", choices=sorted(PYTHIA_SHAPES), default="pythia-160m", help="published architecture")
+    parser.add_argument("--model", default=None,
+                        help="a zoo model's real weights instead of the random shape (e.g. smollm2-135m)")
     parser.add_argument("--repeats", type=int, default=1, help="timed repeats; medians are reported (default 1)")
     parser.add_argument("--chunk-size", type=int, default=16, help="probe examples per forward (default 16)")
     parser.add_argument("--controls", type=int, default=20, help="matched-random draws (default 20)")
@@ -320,8 +327,10 @@ def add_bench_scale_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def cli_bench_scale(args: argparse.Namespace) -> dict:
-    n = args.n or (2000 if args.device.startswith("cuda") else 16)
-    r = bench_scale(n, args.shape, args.repeats, args.chunk_size, args.controls, args.device, args.dtype)
+    n = args.n if args.n is not None else (2000 if args.device.startswith("cuda") else 16)
+    if n < 1 or args.repeats < 1 or args.chunk_size < 1 or args.controls < 1:
+        raise HeadLabError("--n, --repeats, --chunk-size and --controls take whole numbers of at least 1.")
+    r = bench_scale(n, args.shape, args.repeats, args.chunk_size, args.controls, args.device, args.dtype, args.model)
     print(f"scale bench: {r['shape']} ({r['n_layers']} x {r['n_heads']} heads, d_model {r['d_model']}, vocab {r['vocab']}), "
           f"reference batch N={r['n_examples']} of {r['reference_n_examples']}, T={r['seq_len']}; {r['dtype']} on {r['device']}")
     print(f"  bare forward {r['bare_s']:.2f} s, instrumented {r['instrumented_s']:.2f} s: "
