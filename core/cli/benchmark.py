@@ -70,8 +70,9 @@ def cli_benchmark(args: argparse.Namespace) -> dict:
         try:
             report = json.loads(Path(args.from_report).read_text())
         except (OSError, ValueError) as exc:
-            raise HeadLabError(f"cannot read {args.from_report} ({exc}); give a report.json the benchmark wrote.") from None
-        for path in write_report(report, args.out, figures=not args.no_figures):
+            raise HeadLabError(f"cannot read {args.from_report} ({type(exc).__name__}); give a report.json the "
+                               "benchmark wrote.") from None
+        for path in write_report(report, args.out, figures=not args.no_figures, source=args.from_report):
             print(f"wrote {path}")
         return report
     settings = settings_from_args(args)
@@ -276,10 +277,13 @@ def report_markdown(report: dict, figures: dict[str, str] | None = None) -> str:
 
 
 def report_figures(report: dict) -> list:
-    """The report's figure bundles: the head score table, the edge one (when edges were scored), the ROC curves."""
-    bundles = [score_table_figure(report, "roc_auc"), roc_figure(report)]
+    """The report's figure bundles: the head score table and ROC curves (when heads were scored), the edge score
+    table (when edges were)."""
+    bundles = []
+    if report.get("methods"):
+        bundles += [score_table_figure(report, "roc_auc"), roc_figure(report)]
     if report.get("edge_methods"):
-        bundles.insert(1, score_table_figure(report, "roc_auc", level="edge"))
+        bundles.insert(1 if bundles else 0, score_table_figure(report, "roc_auc", level="edge"))
     return bundles
 
 
@@ -288,21 +292,33 @@ def figure_links(bundles) -> dict[str, str]:
     return {bundle.caption.split(";")[0]: f"{bundle.name}.{FIGURE_FORMATS[0]}" for bundle in bundles}
 
 
-def write_report(report: dict, folder: Path, figures: bool = True) -> list[Path]:
-    """report.json, the figures (PNG and SVG, with their data as CSV/JSON) and report.md in `folder`."""
+def rendered_report(report: dict, figures: bool = True, source: Path | str = "the report") -> tuple[list, str]:
+    """(figure bundles, report.md's text) of a report, made before any file is written, so a file that is not a
+    benchmark report (or one edited by hand) is refused in one line and nothing in --out is replaced."""
+    if not isinstance(report, dict) or "benchmark" not in report or "results" not in report:
+        raise HeadLabError(f"{source} is not a benchmark report (it lacks the 'benchmark' and 'results' fields); give "
+                           "the report.json that python -m core benchmark --out wrote.")
+    try:
+        bundles = report_figures(report) if figures else []
+        return bundles, report_markdown(report, figure_links(bundles))
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise HeadLabError(f"{source} is not a whole benchmark report ({type(exc).__name__} {exc} while reading it); "
+                           "give the report.json that python -m core benchmark --out wrote, unedited.") from None
+
+
+def write_report(report: dict, folder: Path, figures: bool = True, source: Path | str = "the report") -> list[Path]:
+    """report.json, the figures (PNG and SVG, with their data as CSV/JSON) and report.md in `folder`; everything
+    is rendered first, so a report that cannot be rendered leaves the folder as it was."""
+    bundles, markdown = rendered_report(report, figures, source)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     json_path = folder / REPORT_JSON
     atomic_write_json(json_path, report)
     written.append(json_path)
-    shown = {}
-    if figures:
-        bundles = report_figures(report)
-        for bundle in bundles:
-            written += export_bundle(bundle, folder, formats=FIGURE_FORMATS)
-        shown = figure_links(bundles)
+    for bundle in bundles:
+        written += export_bundle(bundle, folder, formats=FIGURE_FORMATS)
     md_path = folder / REPORT_MD
-    atomic_write_bytes(md_path, report_markdown(report, shown).encode())
+    atomic_write_bytes(md_path, markdown.encode())
     written.append(md_path)
     return written

@@ -47,6 +47,7 @@ import json
 import math
 import re
 import time
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -72,7 +73,7 @@ from core.stats.recovery import (DEFAULT_DRAWS, MEASURE_LABELS, MEASURES, TIES, 
                                  seed_interval)
 from core.stats.spectral import DEFAULT_DEFINITION, DEFAULT_RULE, SpectralResult, pr_per_head
 from core.stats.spins import binarize_at_median, max_attention_signal
-from core.store import cache_key
+from core.store import CorruptCacheEntryWarning, cache_key
 from core.tasks.counterfactual import PatchPair
 from core.workspace import atomic_write_json, cache_dir, zoo_dir
 from core.zoo.known import CIRCUIT_FILE, KNOWN_MODELS, known_circuit, known_kind
@@ -148,6 +149,17 @@ class BenchmarkCase:
                 "pairs": {"n_examples": self.pairs.n_examples, "seq_len": self.pairs.seq_len, **self.pair_spec}}
 
 
+# upper bounds of the counts a user sets, checked before any work, with what one more costs
+SETTING_BOUNDS = {
+    "n_draws": (100_000, "each draw is a permutation of every head's and edge's label, held in memory at once "
+                         "(~8 bytes x edges per draw), and p resolves to 1e-5 at the bound"),
+    "n_boot": (100_000, "each resample is a pass over the seeds' scores"),
+    "n_controls": (1_000, "each control is one ablation forward over the pairs per group"),
+    "n_random_groups": (1_000, "each group is a disposal of its own, with its controls"),
+    "disposer_boot": (100_000, "each resample is a pass over the controls"),
+}
+
+
 @dataclass(frozen=True)
 class BenchmarkSettings(JsonResult):
     """Everything besides the cases that decides a benchmark report.
@@ -177,6 +189,10 @@ class BenchmarkSettings(JsonResult):
             value = getattr(self, name)
             if isinstance(value, bool) or int(value) != value or int(value) < least:
                 raise HeadLabError(f"benchmark {name} is {value!r}; use a whole number of at least {least}.")
+            if int(value) > SETTING_BOUNDS[name][0]:
+                most, cost = SETTING_BOUNDS[name]
+                raise HeadLabError(f"benchmark {name} is {int(value)}, over its bound of {most}: {cost}; use at most "
+                                   f"{most}.")
             object.__setattr__(self, name, int(value))
         if self.max_examples is not None and int(self.max_examples) < 2:
             raise HeadLabError(f"max_examples is {self.max_examples}; use at least 2 pairs, or None for all.")
@@ -470,8 +486,14 @@ def known_cases(names: Sequence[str] = (), kinds: Sequence[str] = ("handwired", 
 
 
 def _item_key(case: BenchmarkCase, item: str, extra: dict) -> str:
+    """Everything an item depends on: the model's weights, the pairs, the circuit as circuit.json states it (a
+    proposal's size and every disposal's groups follow the true heads), the item and its settings."""
     model_id = case.ref.to_json()
-    payload = {"item": item, "weights": weights_fingerprint(case.ref, case.revision), **extra}
+    circuit = {"truth": [head_name(h) for h in case.truth], "edges": list(case.edges), "mode": case.mode,
+               "kind": case.kind, "distractors": {str(k): [head_name(h) for h in HeadSet.of(v)]
+                                                  for k, v in case.distractors.items()},
+               "pairs": [case.pairs.n_examples, case.pairs.seq_len]}
+    payload = {"item": item, "weights": weights_fingerprint(case.ref, case.revision), "circuit": circuit, **extra}
     return cache_key(CACHE_KIND, json.dumps(model_id, sort_keys=True), case.revision, case.pair_spec,
                      BENCHMARK_VERSION, payload)
 
@@ -481,27 +503,40 @@ def _item_path(key: str):
     return cache_dir() / CACHE_KIND / f"{digest}.json"
 
 
-def cached_item(case: BenchmarkCase, item: str, extra: dict, compute: Callable[[], dict]) -> tuple[dict, float, bool]:
-    """(result, seconds it took when computed, whether it came from the cache): the finished item, else computed
-    and written whole (a temporary file renamed into place) so an interrupted run leaves no half of it."""
+def cached_item(case: BenchmarkCase, item: str, extra: dict, compute: Callable[[], dict],
+                check: Optional[Callable[[dict], Any]] = None, device: str = "cpu") -> tuple[dict, float, str]:
+    """(result, seconds it took when computed, the device it was computed on): the finished item, else computed
+    and written whole (a temporary file renamed into place) so an interrupted run leaves no half of it.
+
+    check: reads a result the way the report will (raising KeyError, TypeError, ValueError on a malformed one),
+    so an entry edited by hand or cut short is named as corrupt and computed again, never a KeyError later.
+    The record keeps the device it was computed on (the report's provenance lists those devices).
+    """
     key = _item_key(case, item, extra)
     path = _item_path(key)
-    if path.is_file():
+    if path.exists():
         try:
             record = json.loads(path.read_text())
             if record.get("key") == key:
-                return record["result"], float(record["seconds"]), True
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # unreadable: computed again and replaced
+                if check is not None:
+                    check(record["result"])
+                return record["result"], float(record["seconds"]), str(record.get("device", "not recorded"))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+            warnings.warn(f"benchmark cache entry {path} is corrupt ({type(exc).__name__}); it is computed again and "
+                          "replaced.", CorruptCacheEntryWarning, stacklevel=2)
+            if path.is_dir():
+                raise HeadLabError(f"{path} is a folder where a benchmark cache file belongs; remove that folder "
+                                   "(nothing of HeadLab's is in it) and rerun.") from None
     started = time.perf_counter()
     result = compute()
     seconds = time.perf_counter() - started
     try:
-        atomic_write_json(path, {"key": key, "item": item, "model": case.name, "seconds": seconds, "result": result})
+        atomic_write_json(path, {"key": key, "item": item, "model": case.name, "seconds": seconds, "device": device,
+                                 "result": result})
     except OSError as exc:
         raise HeadLabError(f"cannot write the benchmark cache under {path.parent} ({exc.strerror}); free disk space "
                            "or set HEADLAB_HOME to a folder you can write (nothing was left half-written).") from None
-    return result, seconds, False
+    return result, seconds, device
 
 
 # ---------------------------------------------------------------------------------------------
@@ -558,6 +593,40 @@ def disposer_settings(group: HeadSet, n_heads: int, settings: BenchmarkSettings,
         controls = "any-layer"
     return replace(DISPOSER, n_controls=settings.n_controls, controls=controls, mode=mode, seed=settings.control_seed,
                    n_boot=settings.disposer_boot)
+
+
+def check_head_scores(result: dict) -> None:
+    """A stored head method's result as the report reads it: [layer, head] scores (or none) and a proposal of heads."""
+    scored = HeadScores.from_json(result)
+    if scored.scores is not None and scored.scores.ndim != 2:
+        raise ValueError(f"scores of {scored.scores.ndim} dimensions, not [layer, head]")
+    try:
+        parse_heads(", ".join(scored.proposal)) if scored.proposal else None
+    except HeadLabError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def check_edge_scores(result: dict) -> None:
+    """A stored edge method's result as the report reads it: one score per edge (or none)."""
+    scored = EdgeScoresOf.from_json(result)
+    if scored.scores is not None and scored.scores.shape != (len(scored.edges),):
+        raise ValueError(f"{scored.scores.size} scores for {len(scored.edges)} edges")
+
+
+DISPOSAL_FIELDS = ("kind", "label", "heads", "controls", "n_controls", "mode", "verdict_paper", "verdict_reference",
+                   "metrics", "reasons")
+
+
+def check_disposal_record(record: dict) -> None:
+    """A stored disposal as the report reads it: its fields present and of their types (KeyError / TypeError else)."""
+    missing = [name for name in DISPOSAL_FIELDS if name not in record]
+    if missing:
+        raise KeyError(missing[0])
+    if not isinstance(record["metrics"], dict) or not isinstance(record["reasons"], list) or not all(
+            isinstance(m, dict) for m in record["metrics"].values()):
+        raise TypeError("metrics must be a dict of dicts and reasons a list")
+    if not isinstance(record["verdict_paper"], str) or not isinstance(record["heads"], list):
+        raise TypeError("the verdict must be text and the heads a list")
 
 
 def _disposal_record(case: BenchmarkCase, x: _Loaded, kind: str, label: str, heads: HeadSet,
@@ -624,6 +693,7 @@ def run_case(case: BenchmarkCase, settings: BenchmarkSettings, device: str = "cp
     pair_extra = {"max_examples": settings.max_examples, "dtype": dtype_name(dtype)}
     k = len(case.truth)
     timings: dict[str, float] = {}
+    devices: dict[str, str] = {}  # item -> the device it was computed on (cached items: when they were)
     methods = []
     shape = (n_layers, n_heads)
     for method in HEAD_METHODS:
@@ -633,7 +703,8 @@ def run_case(case: BenchmarkCase, settings: BenchmarkSettings, device: str = "cp
         def compute(method=method) -> dict:
             return method.run(x, k).to_json()
 
-        result, seconds, _ = cached_item(case, f"scores/{method.name}", pair_extra, compute)
+        result, seconds, devices[f"scores/{method.name}"] = cached_item(
+            case, f"scores/{method.name}", pair_extra, compute, check=check_head_scores, device=device)
         timings[f"scores/{method.name}"] = seconds
         scored = HeadScores.from_json(result)
         entry = {"method": method.name, "kind": method.kind, "score": method.score, **scored.to_json()}
@@ -654,8 +725,9 @@ def run_case(case: BenchmarkCase, settings: BenchmarkSettings, device: str = "cp
                                  "not_applicable": "the circuit lists no true edges", "notes": []})
             tick(f"{case.name}: {method.name}")
             continue
-        result, seconds, _ = cached_item(case, f"edges/{method.name}", pair_extra,
-                                         lambda method=method: method.run(x).to_json())
+        result, seconds, devices[f"edges/{method.name}"] = cached_item(
+            case, f"edges/{method.name}", pair_extra, lambda method=method: method.run(x).to_json(),
+            check=check_edge_scores, device=device)
         timings[f"edges/{method.name}"] = seconds
         scored = EdgeScoresOf.from_json(result)
         entry = {"score": method.score, **scored.to_json()}
@@ -678,14 +750,14 @@ def run_case(case: BenchmarkCase, settings: BenchmarkSettings, device: str = "cp
         extra = {**pair_extra, "heads": [head_name(h) for h in heads], "kind": kind, "mode": case.mode,
                  "n_controls": settings.n_controls, "control_seed": settings.control_seed,
                  "disposer_boot": settings.disposer_boot}
-        record, seconds, _ = cached_item(case, f"dispose/{kind}/{label}", extra,
-                                         lambda kind=kind, label=label, heads=heads: _disposal_record(
-                                             case, x, kind, label, heads, settings))
+        record, seconds, devices[f"dispose/{kind}/{label}"] = cached_item(
+            case, f"dispose/{kind}/{label}", extra, lambda kind=kind, label=label, heads=heads: _disposal_record(
+                case, x, kind, label, heads, settings), check=check_disposal_record, device=device)
         timings[f"dispose/{kind}/{label}"] = seconds
         disposals.append({**record, "correct": judge(kind, record["verdict_paper"])})
         tick(f"{case.name}: dispose {label}")
     return {"case": case.describe(shape), "methods": methods, "edge_methods": edge_methods, "disposals": disposals,
-            "timings": timings}
+            "timings": timings, "devices": devices}
 
 
 def n_items(cases: Sequence[BenchmarkCase], settings: BenchmarkSettings) -> int:
@@ -770,6 +842,7 @@ def benchmark(cases: Sequence[BenchmarkCase], settings: BenchmarkSettings = Benc
         bar.total = bar.n
     methods = [{"name": m.name, "kind": m.kind, "score": m.score} for m in HEAD_METHODS if m.name in settings.method_names]
     timings = {r["case"]["name"]: r.pop("timings") for r in results}
+    computed_on = sorted({d for r in results for d in r.pop("devices").values()})
     return {
         "benchmark": "HeadLab known-circuit benchmark (issue 34)",
         "version": BENCHMARK_VERSION,
@@ -791,7 +864,8 @@ def benchmark(cases: Sequence[BenchmarkCase], settings: BenchmarkSettings = Benc
         "table": score_table(results, settings),
         "verdicts": verdict_accuracy(results),
         "published": {"label": PUBLISHED_LABEL, "rows": [dict(row) for row in PUBLISHED_ANCHORS]},
-        "provenance": {"versions": package_versions(), "device": device, "dtype": dtype_name(dtype)},
+        "provenance": {"versions": package_versions(), "device": ", ".join(computed_on) or device,
+                       "device_asked": device, "dtype": dtype_name(dtype)},
         "runtime": {"seconds": time.perf_counter() - started, "items_seconds": timings,
                     "note": "wall time of this run; items read from the cache count the seconds they took when computed"},
     }
