@@ -15,6 +15,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -749,3 +750,54 @@ def test_the_benchmark_cache_key_follows_the_circuit_and_a_hand_edited_entry_is_
     for bad in ({"n_draws": 10**8}, {"n_controls": 10**6}):
         with pytest.raises(HeadLabError, match="over its bound"):
             bench.BenchmarkSettings(**bad)
+
+
+# ------------------------------------------------------------------------------ issue 41: interrupted saves
+
+
+def test_an_interrupt_during_a_folder_swap_leaves_the_old_or_the_new_folder_never_neither(tmp_path, monkeypatch):
+    """train's state folder: a SIGINT between moving the old folder aside and renaming the new one in is held until
+    both renames are done (a rerun resumes from the new state); a kill there is undone by the next reader."""
+    final = tmp_path / "state"
+    with core.workspace.atomic_directory(final) as tmp:
+        (tmp / "state.json").write_text('{"step": 10}')
+    real_replace = os.replace
+
+    def interrupted(src, dst):
+        real_replace(src, dst)
+        if Path(dst).name.endswith(".old"):  # the old folder is aside, the new one not yet in
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(core.workspace.os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with core.workspace.atomic_directory(final) as tmp:
+            (tmp / "state.json").write_text('{"step": 20}')
+    monkeypatch.setattr(core.workspace.os, "replace", real_replace)
+    assert (final / "state.json").read_text() == '{"step": 20}' and sorted(p.name for p in tmp_path.iterdir()) == ["state"]
+    dead = 2**22 + 17  # above Linux's pid_max default: no process has it
+    real_replace(final, tmp_path / f".state.{dead}-abc.old")  # a SIGKILL between the two renames
+    (tmp_path / f".state.{dead}-def.tmp").mkdir()  # and the killed writer's temporary folder
+    core.workspace.recover_directory(final)
+    assert (final / "state.json").read_text() == '{"step": 20}' and sorted(p.name for p in tmp_path.iterdir()) == ["state"]
+
+
+# ------------------------------------------------------------------------------ issue 40: edges on grouped-query attention
+
+
+def test_edges_refuse_what_they_cannot_split_among_query_heads():
+    """A post-attention LayerNorm (mean and bias: the heads' shares are not a scaling) and query heads that do not
+    divide among the key/value heads: each one sentence, before any forward, the model left as it was."""
+    from types import SimpleNamespace
+
+    from core.ablation.edges.runs import post_attention_norms
+    from core.ablation.patching.paths import ungrouped_key_values
+
+    layer_norm = SimpleNamespace(blocks=[SimpleNamespace(ln1_post=torch.nn.LayerNorm(8))])
+    with pytest.raises(HeadLabError, match="normalizes each attention output with a LayerNorm .* only for an RMSNorm"):
+        post_attention_norms(layer_norm)
+    config = SimpleNamespace(n_heads=6, n_key_value_heads=4)
+    uneven = SimpleNamespace(cfg=config, blocks=[])
+    with pytest.raises(HeadLabError, match="6 query heads and 4 key/value heads, which do not divide"):
+        with ungrouped_key_values(uneven):
+            pass
+    assert config.n_key_value_heads == 4
