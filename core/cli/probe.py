@@ -95,8 +95,8 @@ def needs_tokenizer(args: argparse.Namespace) -> bool:
 def model_tokenizer(name: str, revision: str | None = None):
     """The tokenizer of a model the user named (its final checkpoint by default), None for a byte-level zoo model."""
     ref = ModelRef.parse(name)
-    folder = checkpoint_path(ref, resolve_checkpoint(ref, revision).revision)
-    return tokenizer_of_folder(folder, local=ref.kind != "hub", revision=revision)
+    revision = resolve_checkpoint(ref, revision).revision
+    return tokenizer_of_folder(checkpoint_path(ref, revision), local=ref.kind != "hub", revision=revision)
 
 
 def describe_probe(spec: ProbeSpec) -> str | None:

@@ -157,7 +157,11 @@ def tokenizer_of_folder(folder: str | Path, local: bool = True, revision: str | 
     from transformers import AutoTokenizer  # heavy: imported only when a probe needs a real model's tokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(folder), revision=None if local else revision)
+        if not local:  # the local Hugging Face cache only, as the model itself is read
+            return AutoTokenizer.from_pretrained(str(folder), revision=revision, local_files_only=True)
+        return AutoTokenizer.from_pretrained(str(folder))
     except Exception as exc:  # transformers raises many kinds for a broken or absent tokenizer
+        if not local:  # a cached hub model without tokenizer files reads its ids as bytes, as load_model does
+            return None
         raise HeadLabError(f"the tokenizer of {folder} cannot be read ({type(exc).__name__}); check its tokenizer.json, "
                            "or give a token range with --token-low and --token-high.") from None
