@@ -11,7 +11,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
+import signal
+import threading
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -137,20 +140,77 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 
 @contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM until the block ends, then act on them as before: two renames that must both happen.
+    (Python's handlers, not the thread's signal mask: the kernel may hand a signal to any other thread.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # handlers can be set from the main thread only; a worker thread is not interrupted by SIGINT anyway
+        return
+    arrived: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {number: signal.signal(number, lambda number, frame: arrived.append(number)) for number in held}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        for number in arrived:
+            signal.raise_signal(number)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def recover_directory(final: Path) -> None:
+    """Undo what a killed writer of `final` left: its temporary folders (named with their writer's process id, which
+    is gone) are removed, and a previous `final` moved aside for a swap the kill cut short is put back."""
+    pattern = re.compile(rf"^\.{re.escape(final.name)}\.(\d+)-.*\.(tmp|old)$")
+    for sibling in sorted(final.parent.iterdir()) if final.parent.is_dir() else ():
+        match = pattern.match(sibling.name)
+        if not match or int(match.group(1)) == os.getpid() or _pid_alive(int(match.group(1))):
+            continue
+        if match.group(2) == "old" and not final.exists():
+            os.replace(sibling, final)  # the swap was cut between its two renames: the previous folder returns
+        else:
+            shutil.rmtree(sibling, ignore_errors=True)
+
+
+@contextlib.contextmanager
 def atomic_directory(final: Path) -> Iterator[Path]:
     """Yield a temporary sibling folder to fill; on success it is renamed to `final`.
 
     On any exception the temporary folder is removed, so `final` either does not exist or is
-    complete. If `final` already exists (another process won the race), it is replaced.
+    complete. If `final` already exists (another process won the race, or an older version), it is
+    swapped out: moved aside and the new folder renamed in with SIGINT and SIGTERM held, so an
+    interrupt leaves the old folder or the new one, never neither; a kill between the two renames is
+    undone by the next writer (the old folder returns), which also removes a killed writer's
+    temporary folders (their names carry the writer's process id).
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
+    recover_directory(final)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.{os.getpid()}-", suffix=".tmp"))
     try:
         yield tmp
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        old = None
+        try:
+            with _signals_deferred():
+                if final.exists():
+                    old = final.with_name(f"{tmp.name[:-len('.tmp')]}.old")
+                    os.replace(final, old)
+                os.replace(tmp, final)
+        finally:  # also when a held interrupt is raised as the block ends
+            if old is not None and not final.exists():
+                os.replace(old, final)  # the new folder did not go in: the old one returns
+            elif old is not None:
+                shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

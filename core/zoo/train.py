@@ -34,7 +34,7 @@ from core.executor import ProgressBar
 from core.errors import HeadLabError
 from core.model.refs import MANIFEST, read_manifest
 from core.tasks import duplicate, mixture, sequences, token_repeats, vocab
-from core.workspace import atomic_directory, atomic_write_json, zoo_dir
+from core.workspace import atomic_directory, atomic_write_json, recover_directory, zoo_dir
 from core.zoo.config import SEQUENCE_TASKS, ModelConfig, TrainConfig
 from core.zoo.evaluate import evaluate_during_training, final_figures
 
@@ -348,6 +348,7 @@ def _save_state(model, optimizer, out_dir: Path, meta: dict) -> None:
 
 def _load_state(model, optimizer, out_dir: Path) -> dict | None:
     folder = out_dir / "state"
+    recover_directory(folder)  # a save killed between its two renames: the previous state comes back
     if not (folder / "state.json").is_file():
         return None
     try:
