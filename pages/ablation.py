@@ -143,7 +143,7 @@ def _probe_size_panel(ws, selection, n_controls: int, n_layers: int, history: li
     start = min(selection.layers) if selection is not None and len(selection) else n_layers // 2
     fraction = (n_layers - start) / n_layers  # a condition replays the blocks from its lowest ablated layer on
     n_conditions = n_controls + 2  # the candidate, the controls and the upper bound
-    sizes = sorted({8, 16, 32, 64, 128, 256, n_now} - {s for s in (8, 16, 32, 64, 128, 256) if s > n_now})
+    sizes = sorted({8, 16, 32, 64, 128, 256, n_now})  # larger sizes too: what more examples would buy
     fits = [n for n in sizes if _study_seconds(per_example, n, n_conditions, fraction, kept and n == n_now) <= TARGET_SECONDS]
     proposed = max(fits) if fits else min(sizes)
     seconds_now = _study_seconds(per_example, n_now, n_conditions, fraction, kept)
