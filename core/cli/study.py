@@ -15,7 +15,7 @@ from core.executor import ProgressBar
 from core.figures.bundle import export_bundle
 from core.figures.study import study_figures
 from core.model.refs import ModelRef
-from core.pipelines.study import STUDY_TASKS, run_study, study_settings
+from core.pipelines.study import SKIPPABLE, STUDY_TASKS, run_study, study_settings
 from core.workspace import atomic_write_bytes, atomic_write_json, check_output_file
 
 REPORT_JSON, REPORT_MD = "report.json", "report.md"
@@ -36,6 +36,8 @@ def add_study_arguments(parser: argparse.ArgumentParser) -> None:
                         help="folder for report.json, report.md and the figures (default: only print, and --json)")
     parser.add_argument("--allow-small-gap", action="store_true",
                         help="keep (flagged) IOI pairs whose clean-corrupted gap is reversed or under 2 standard errors")
+    parser.add_argument("--skip", default="", help=f"IOI stages to leave out, comma-separated ({', '.join(SKIPPABLE)}); "
+                        "the report names them under 'Not measured', and a later run without --skip adds them")
     parser.add_argument("--no-figures", action="store_true", help="write report.json and report.md only")
     add_device_arguments(parser)
 
@@ -66,7 +68,8 @@ def cli_study(args: argparse.Namespace) -> dict:
         bar["tqdm"].refresh()
 
     try:
-        report = run_study(ModelRef.parse(args.model), settings, args.revision, args.device, args.dtype, progress)
+        report = run_study(ModelRef.parse(args.model), settings, args.revision, args.device, args.dtype, progress,
+                           tuple(name.strip() for name in args.skip.split(",") if name.strip()))
     finally:
         if bar["tqdm"] is not None:
             bar["tqdm"].close()
@@ -115,11 +118,13 @@ def summary_lines(report: dict) -> list[str]:
         lines.append("top heads (activation patching): " + ", ".join(f"{h} {v:.3f}" for h, v, _ in
                                                                       ioi["patching"]["top_heads"][:6]))
         for method in ("eap", "eap-ig"):
-            c = ioi[f"edges_{method}"].get("curve")
+            c = ioi.get(f"edges_{method}", {}).get("curve")
             if c:
                 lines.append(f"{method}: CPR {c['cpr']:.3f}, CMD {c['cmd']:.3f}")
-        lines.append(f"random edges: CPR {ioi['random_edges']['cpr']:.3f}, CMD {ioi['random_edges']['cmd']:.3f}")
-        lines.append(f"stability: top-{ioi['stability']['k']} Jaccard {ioi['stability']['mean_pairwise_jaccard']:.3f}")
+        if "random_edges" in ioi:
+            lines.append(f"random edges: CPR {ioi['random_edges']['cpr']:.3f}, CMD {ioi['random_edges']['cmd']:.3f}")
+        if "stability" in ioi:
+            lines.append(f"stability: top-{ioi['stability']['k']} Jaccard {ioi['stability']['mean_pairwise_jaccard']:.3f}")
     return lines
 
 
@@ -177,25 +182,29 @@ def ioi_markdown(report: dict) -> list[str]:
            "### Edges and MIB faithfulness", "",
            "| method | edges | CPR (higher better) | CMD (lower better) | faithfulness at 0.1% / 1% / 10% |",
            "|---|---|---|---|---|"]
-    for name, record in (("EAP", ioi["edges_eap"].get("curve")), ("EAP-IG", ioi["edges_eap-ig"].get("curve")),
-                         ("random edges", ioi["random_edges"])):
+    for name, record in (("EAP", ioi.get("edges_eap", {}).get("curve")),
+                         ("EAP-IG", ioi.get("edges_eap-ig", {}).get("curve")), ("random edges", ioi.get("random_edges"))):
         if record:
             f = dict(zip(record["fractions"], record["faithfulness"]))
-            out.append(f"| {name} | {ioi['edges_eap']['n_edges']} | {record['cpr']:.3f} | {record['cmd']:.3f} | "
+            out.append(f"| {name} | {record['n_edges_kept'][-1]} | {record['cpr']:.3f} | {record['cmd']:.3f} | "
                        f"{_f(f.get(0.001))} / {_f(f.get(0.01))} / {_f(f.get(0.1))} |")
     out += ["", f"Areas: {MIB_SOURCE}. MIB's published IOI figures are for other models (GPT-2 small, Qwen2.5-0.5B) "
             "and are not quoted here until checked against MIB's paper.", ""]
-    c = ioi["edges_eap-ig"].get("controls")
+    c = ioi.get("edges_eap-ig", {}).get("controls")
     if c:
         s = c["stats"]
         out.append(f"Disposer: EAP-IG's discovered set ({len(ioi['edges_eap-ig']['discovered'])} edges, heads "
                    f"{_heads(ioi['edges_eap-ig']['heads'])}) has faithfulness {c['faithfulness']:.3f} against "
                    f"{s['n_controls']} matched-random edge sets ({s['control_mean']:.3f} +- {s['control_std']:.3f}): "
                    f"rank {s['rank']}, p {s['p']:.3g}: **{c['verdict']}**.")
-    st = ioi["stability"]
-    out += ["", f"Stability: EAP's top-{st['k']} edge set over {st['resamples']} bootstrap resamples of the pairs: "
-            f"mean pairwise Jaccard **{st['mean_pairwise_jaccard']:.3f}**.", "", "### Head roles (Wang et al. 2022)", ""]
-    r = ioi["roles"]
+    st = ioi.get("stability")
+    if st:
+        out += ["", f"Stability: EAP's top-{st['k']} edge set over {st['resamples']} bootstrap resamples of the pairs: "
+                f"mean pairwise Jaccard **{st['mean_pairwise_jaccard']:.3f}**."]
+    r = ioi.get("roles")
+    if not r:
+        return out + [""]
+    out += ["", "### Head roles (Wang et al. 2022)", ""]
     t = r["thresholds"]
     out.append(f"Rules: name mover = END attends to IO >= {t['attention']}, direct effect >= {t['effect_share']} of the "
                f"logit difference, OV copies >= {t['copy']} of names into its top-{t['copy_top_k']}; negative name "
@@ -224,8 +233,13 @@ def report_markdown(report: dict, figures: dict[str, str] | None = None) -> str:
         source = report.get("source", {})
         out += [f"**Weights: {source.get('quantization', 'quantized')} ({source.get('file', 'GGUF')}).** "
                 f"{report['note'][0].upper()}{report['note'][1:]}.", ""]
-    out += [f"Settings: {settings['n']} examples (seed {settings['seed']}), {settings['n_controls']} matched-random "
-            f"controls, top-{settings['top_edges']} edges, EAP-IG {settings['ig_steps']} steps.", ""]
+    if report["task"] == "ioi":
+        out += [f"Settings: {settings['n']} pairs (seed {settings['seed']}), {settings['n_controls']} matched-random "
+                f"edge sets, top-{settings['top_edges']} edges, EAP-IG {settings['ig_steps']} steps, activation "
+                f"patching of attribution's top {settings['top_k_heads']} heads.", ""]
+    else:
+        out += [f"Settings: {settings['n']} sequences of {settings['seq_len']} tokens per probe (seed "
+                f"{settings['seed']}), {settings['n_controls']} matched-random head groups.", ""]
     if "induction" in report:
         out += induction_markdown(report)
     if "ioi" in report:
@@ -241,6 +255,8 @@ def not_measured(report: dict) -> list[str]:
     lines = ["the full (non-quick) study and Gemma-3-270M's report" if report["settings"]["quick"] else
              "Gemma-3-270M's report"]
     if report["task"] == "ioi":
+        lines += [f"stage {name} (left out with --skip: it did not fit the time of this run)"
+                  for name in report["ioi"].get("skipped", [])]
         lines += ["path patching into the top heads' q, k and v", "ACDC (its cost on this graph was not measured)",
                   "the proposers (co-activation, gradient) and [HHG]'s gradient-vs-causal ranks on the IOI task",
                   "the S-inhibition rule's causal half (its output lowering name movers' attention to S)"]
