@@ -17,7 +17,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 CHECKED = [REPO / "README.md", REPO / "docs" / "performance.md", REPO / "docs" / "patching.md", REPO / "docs" / "edges.md"]
-SOURCES = [*sorted((REPO / "docs" / "measurements").glob("*.json")), *sorted((REPO / "docs" / "replication").glob("*/report.json"))]
+SOURCES = [*sorted((REPO / "docs" / "measurements").glob("*.json")), *sorted((REPO / "docs" / "replication").glob("*/report.json")),
+           *sorted((REPO / "docs" / "real-models").glob("*/report.json"))]  # `study` reports (issue 42)
+CHECKED += sorted((REPO / "docs" / "real-models").glob("*/report.md"))
 
 CODE = re.compile(r"```.*?```|`[^`\n]*`", re.DOTALL)
 LINK_TARGET = re.compile(r"\]\([^)]*\)")
