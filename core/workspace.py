@@ -100,6 +100,14 @@ def check_output_file(path: Path, flag: str = "--json") -> Path:
         if path.is_dir():
             raise HeadLabError(f"{flag} {path} is a folder; give a file path such as {path / 'result.json'}.")
         _check_creatable(path, flag, path.parent)
+        if path.parent.is_dir():  # the write goes through a temporary file beside it: try one now (e.g. /proc refuses)
+            try:
+                fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:64]}.", suffix=".check")
+            except OSError as exc:
+                raise HeadLabError(f"{flag} {path} cannot be written: the folder {path.parent} takes no new file "
+                                   f"({exc.strerror}); choose another path.") from None
+            os.close(fd)
+            os.unlink(probe)
     except OSError as exc:  # e.g. a name longer than the file system allows
         raise HeadLabError(f"{flag} {path} cannot be written ({exc.strerror}); choose another path.") from None
     return path

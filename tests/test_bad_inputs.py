@@ -161,6 +161,10 @@ CLI_CASES = [  # (id, argv with {tmp} for a scratch folder holding a-file, what 
      "every target is the same token as its corrupted target"),
     ("patch targets sharing their first token", ["patch", MODEL, "--probe-file", "{tmp}/same-targets.jsonl"],
      "every target is the same token as its corrupted target"),
+    ("known --build --json /proc/version", ["known", "--build", "--json", "/proc/version"],
+     "--json /proc/version cannot be written: the folder /proc takes no new file"),
+    ("edges --control-seed 2**32", ["edges", MODEL, *SMALL, "--control-seed", "4294967296"], "between 0 and 4294967295"),
+    ("edges --threshold with eap", ["edges", MODEL, *SMALL, "--threshold", "0.5"], "--threshold is ACDC's"),
     # issue 40 item 5: patch --top-k (tiny-neox has 8 heads) and the new bench flags
     ("patch --top-k 0", ["patch", MODEL, *SMALL, "--top-k", "0"], "give a whole number of heads to activation-patch (at least 1)"),
     ("patch --top-k -3", ["patch", MODEL, *SMALL, "--top-k", "-3"], "top-k is -3; give a whole number"),

@@ -8,7 +8,7 @@ import argparse
 from core.ablation.edges import EDGE_METRICS, METHODS, REPLACEMENTS, EdgeSettings, edge_graph_of_config
 from core.cli.patch import gap_line
 from core.cli.probe import (PAIR_TASKS, add_corruption_argument, add_probe_file_arguments, add_probe_spec_arguments,
-                            built_in_pairs)
+                            built_in_pairs, seed_arg)
 from core.errors import HeadLabError
 from core.executor import ProgressBar
 from core.model.loading import load_config
@@ -27,7 +27,7 @@ def add_edges_arguments(parser: argparse.ArgumentParser) -> None:
                         help="eap: gradient x activation difference, one forward and backward per batch (default); "
                              "eap-ig: the gradient integrated over --ig-steps interpolations; acdc: greedy pruning")
     parser.add_argument("--ig-steps", type=int, default=5, help="EAP-IG interpolation steps (default 5)")
-    parser.add_argument("--threshold", type=float, default=0.01,
+    parser.add_argument("--threshold", type=float, default=None,
                         help="ACDC: the distance increase below which an edge is removed (default 0.01; >= 0)")
     parser.add_argument("--metric", choices=EDGE_METRICS, default="logit_diff",
                         help="logit_diff (default), a HeadLab metric, or kl (KL of the clean output to the run's)")
@@ -35,7 +35,7 @@ def add_edges_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what a patched edge carries: the corrupted run's sender output (default) or its mean")
     parser.add_argument("--top", type=int, default=20, help="edges listed, and the set tested for EAP / EAP-IG (default 20)")
     parser.add_argument("--controls", type=int, default=20, help="matched-random edge sets (default 20; 0: none)")
-    parser.add_argument("--control-seed", type=int, default=123)
+    parser.add_argument("--control-seed", type=seed_arg, default=123)
     parser.add_argument("--no-curve", action="store_true", help="skip the faithfulness curve")
     parser.add_argument("--known-task", action="store_true",
                         help="use the clean/corrupted pairs of the model's own circuit.json (a model with a known circuit; "
@@ -67,9 +67,12 @@ def cli_edges(args: argparse.Namespace) -> dict:
     if args.probe_file is None and args.task not in PAIR_TASKS and not args.known_task:
         raise HeadLabError("edges has built-in counterfactuals for the induction and ioi tasks only; use --task induction "
                            "or --task ioi, or give your own clean/corrupted pairs with --probe-file.")
+    if args.threshold is not None and args.method != "acdc":
+        raise HeadLabError(f"--threshold is ACDC's (the distance increase below which it removes an edge); "
+                           f"{args.method} keeps the --top edges instead, so leave --threshold out or use --method acdc.")
     settings = EdgeSettings(metric=args.metric, replacement=args.replacement, batch_size=args.batch_size,
                             allow_small_gap=args.allow_small_gap)
-    plan = EdgePlan(method=args.method, ig_steps=args.ig_steps, threshold=args.threshold, top=args.top,
+    plan = EdgePlan(method=args.method, ig_steps=args.ig_steps, threshold=0.01 if args.threshold is None else args.threshold, top=args.top,
                     curve=not args.no_curve, n_controls=args.controls, control_seed=args.control_seed)
     if args.known_task:
         pairs = known_task(known_circuit(args.model, args.revision).task)
