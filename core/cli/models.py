@@ -67,7 +67,7 @@ def list_models() -> dict:
         line = f"{name:24s} {str(row['family']):10s} {str(row['task']):12s} {row['checkpoints']:4d} checkpoints"
         if source:
             line += (f"  {row['quantization']} from {row['source']}, SHA-256 {row['sha256']}, "
-                     f"licence {row['licence']}")
+                     f"licence {row['licence'] or 'not stated in the file'}")
         print(line)
     if not rows:
         print(f"the zoo at {zoo_dir()} is empty; train it with {RETRAIN_HINT}")

@@ -84,3 +84,16 @@ def test_the_same_file_again_reuses_the_import_and_says_so(fake_gguf, imported, 
     assert f"already imported as zoo model {imported} (same SHA-256" in capsys.readouterr().out
     assert find_import(file_sha256(copy)) == imported
     assert sorted(p.name for p in zoo_dir().iterdir()) == [imported]
+
+
+def test_models_lists_the_import_with_its_source_sha256_and_the_quantization_note(fake_gguf, imported, capsys):
+    from core.__main__ import main  # the command line, as a user runs it
+
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    sha256 = file_sha256(fake_gguf)
+    assert f"ALL_F32 from {fake_gguf.name}, SHA-256 {sha256}, licence not stated in the file" in out
+    assert f"note: {QUANTIZED_NOTE}." in out
+    assert main(["models", "import", str(fake_gguf), "--name", "second-copy"]) == 0  # same bytes: reused, not copied
+    assert f"already imported as zoo model {imported}" in capsys.readouterr().out
+    assert sorted(p.name for p in zoo_dir().iterdir()) == [imported]
