@@ -72,6 +72,10 @@ class SweepFailed(HeadLabError):
         self.failures = dict(failures)
         lines = "; ".join(f"{name}: {error.strip().splitlines()[-1] if error.strip() else 'failed'}"
                           for name, error in failures.items())
+        if total == 1 and advice is None:  # no "others" to speak of
+            super().__init__(f"the task failed, and again on its retry ({lines}); fix the cause and run the same "
+                             "command again.")
+            return
         advice = advice or ("The others finished and their results are cached: fix the cause and run the same "
                             "command again to do only these.")
         super().__init__(f"{len(failures)} of {total} tasks failed after a retry ({lines}). {advice}")
@@ -140,6 +144,13 @@ class SerialExecutor(Executor):
                     result = run_task(task.fn, task.args, task.kwargs, task.threads)
                 except (KeyboardInterrupt, SystemExit):
                     raise
+                except HeadLabError as error:  # a user-fixable error is deterministic: no retry
+                    if len(tasks) == 1:
+                        raise  # shown as itself, not as "1 of 1 tasks failed"
+                    failures[task.name] = str(error)
+                    if progress:
+                        progress(done, len(tasks), len(failures))
+                    break
                 except Exception:  # noqa: BLE001 - any failure is retried once, then reported by name
                     if attempt == RETRIES:
                         failures[task.name] = traceback.format_exc()

@@ -805,3 +805,23 @@ def test_edges_refuse_what_they_cannot_split_among_query_heads():
         with ungrouped_key_values(uneven):
             pass
     assert config.n_key_value_heads == 4
+
+
+def _refuse(text: str) -> None:
+    raise HeadLabError(text)
+
+
+def _crash() -> None:
+    raise RuntimeError("boom")
+
+
+def test_a_one_task_run_shows_a_deterministic_error_as_itself():
+    from core.executor import SerialExecutor, SweepFailed, Task
+
+    calls = []
+    with pytest.raises(HeadLabError) as info:
+        list(SerialExecutor().results([Task("only", lambda: calls.append(1) or _refuse("give a smaller --n."))]))
+    assert str(info.value) == "give a smaller --n." and not isinstance(info.value, SweepFailed) and calls == [1]
+    with pytest.raises(SweepFailed) as info:
+        list(SerialExecutor().results([Task("only", _crash)]))
+    assert "1 of 1" not in str(info.value) and "others" not in str(info.value) and "boom" in str(info.value)
