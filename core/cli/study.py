@@ -216,7 +216,13 @@ def ioi_markdown(report: dict) -> list[str]:
     out += [f"| {row['head']} | {row['role']} | {row['attn_io']:.2f} | {row['attn_s2']:.2f} | {row['attn_duplicate']:.2f}"
             f" | {row['attn_induction']:.2f} | {row['attn_previous']:.2f} | {row['direct_effect']:+.3f} | "
             f"{row['copy_score']:.2f} |" for row in r["table"]]
-    out += [f"- note: {n}" for n in r["notes"]] + [""]
+    out += [f"- note: {n}" for n in r["notes"]]
+    best_copy = max(max(row) for row in r["copy_score"])
+    if best_copy < t["copy"]:
+        out.append(f"- note: no head's OV circuit copies names by this test (the largest copy score is {best_copy:.2f}): "
+                   "it sends the bare token embedding through the layer's input norm, without the first MLP that Wang "
+                   "et al. add, so the name-mover labels, which need copying, do not fire; read the direct effects.")
+    out.append("")
     return out
 
 
@@ -225,9 +231,10 @@ def report_markdown(report: dict, figures: dict[str, str] | None = None) -> str:
     settings = report["settings"]
     out = [f"# {report['model']}: {report['task']} circuit study", "",
            f"Generated from `report.json` by `python -m core study {report['model']} --task {report['task']}"
-           f"{' --quick' if settings['quick'] else ''}`. Measured wall time: **{report['wall_seconds']:.0f} s** "
-           f"(each stage's own compute time, kept from its first run when reused from the cache: "
-           f"{', '.join(f'{k} {v:.0f} s' for k, v in report['stage_seconds'].items())}); "
+           f"{' --quick' if settings['quick'] else ''}`. Measured time: **{sum(report['stage_seconds'].values()):.0f} s** "
+           f"of stage compute ({', '.join(f'{k} {v:.0f} s' for k, v in report['stage_seconds'].items())}, each timed "
+           f"when it ran; a stage reused from the cache keeps its first run's time), and {report['wall_seconds']:.0f} s "
+           f"wall for the invocation that wrote this report; "
            f"{report['device']}, {report['dtype']}.", ""]
     if report.get("note"):
         source = report.get("source", {})
