@@ -72,8 +72,12 @@ def edge_provenance(model: Any, pair: PatchPair, graph: EdgeGraph, settings: Edg
     return provenance(model=str(getattr(model.cfg, "model_name", "")), n_layers=graph.n_layers, n_heads=graph.n_heads,
                       dtype=dtype_name(model_dtype(model)), pairs=dict(pair.spec), n_examples=pair.n_examples,
                       seq_len=pair.seq_len, method=method, settings=settings.to_json(),
-                      senders="embed = blocks.0.hook_resid_pre; head = hook_z @ W_O; MLP = its output hook",
-                      receivers="hook_{q,k,v}_input per head; blocks.{l}.ln2.hook_in; ln_final.hook_in", **extra)
+                      senders="embed = blocks.0.hook_resid_pre; head = hook_z @ W_O (times the post-attention "
+                              "RMSNorm's gain / rms at the forward's own scale, where the block has one); "
+                              "MLP = its output hook",
+                      receivers="hook_{q,k,v}_input per head (per query head under GQA: K/V projections ungrouped); "
+                                "blocks.{l}.ln2.hook_in; ln_final.hook_in",
+                      n_key_value_heads=graph.n_key_value_heads or graph.n_heads, **extra)
 
 
 def check_ig_steps(ig_steps: int) -> int:
