@@ -23,6 +23,7 @@ from core.errors import HeadLabError
 from core.heads import Head, HeadSet, head_name, parse_heads
 from core.model.loading import DEFAULT_DTYPE, DTYPES
 from core.model.refs import Checkpoint, ModelRef
+from core.tasks.probe_batch import PATTERNS
 from core.tasks.probe_file import ProbeFile
 from core.tasks.specs import TASKS, ProbeSpec
 
@@ -44,7 +45,7 @@ URL_KEYS = (MODEL, REVISION, TASK, N_EXAMPLES, SEQ_LEN, SEED, TOKEN_LOW, TOKEN_H
 # what a URL may set: whole numbers in the sidebar's ranges (its widgets use these), names from their lists
 INT_RANGES = {N_EXAMPLES: (8, 4096), SEQ_LEN: (8, 4096), SEED: (0, 2**31 - 1), TOKEN_LOW: (0, 10**6),
               TOKEN_HIGH: (1, 10**6)}
-URL_CHOICES = {TASK: TASKS, DTYPE: tuple(DTYPES)}
+URL_CHOICES = {TASK: TASKS, DTYPE: tuple(DTYPES), PATTERN: PATTERNS}
 PR_DEFINITION = "pr_definition"  # spectral signal and training dynamics
 # where long runs go (core.executor.BACKENDS); not in the URL: a shared link must not start Ray on its reader's server
 BACKEND = "backend"

@@ -558,7 +558,8 @@ def test_file_where_an_entry_folder_belongs_is_replaced_not_recomputed_forever(h
     ("n", "lots", "n='lots' is not a whole number"),
     ("seed", "4294967296", "seed=4294967296 is outside"),
     ("dtype", "fp8", "dtype='fp8' is not one of float32"),
-    ("task", "nope", "task='nope' is not one of induction, text"),
+    ("task", "nope", "task='nope' is not one of induction"),
+    ("pattern", "nope", "pattern='nope' is not one of induction, duplicate-token"),
 ])
 def test_url_parameters_the_sidebar_cannot_take_are_named(key, text, problem):
     from pages._state import url_value
