@@ -826,3 +826,14 @@ def test_a_one_task_run_shows_a_deterministic_error_as_itself():
     with pytest.raises(SweepFailed) as info:
         list(SerialExecutor().results([Task("only", _crash)]))
     assert "1 of 1" not in str(info.value) and "others" not in str(info.value) and "boom" in str(info.value)
+
+
+def test_known_says_built_only_when_the_weights_are_whole_and_its_advice_is_known_build(home, capsys):
+    status = main(["known", "--build", "known-induction-neox"])
+    assert status == 0 and "known-induction-neox         handwired built" in capsys.readouterr().out
+    weights = next((home / "zoo" / "known-induction-neox" / "checkpoints").glob("*/model.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:100])  # cut short
+    status = main(["known"])
+    out = capsys.readouterr().out
+    assert status == 0 and "known-induction-neox         handwired broken" in out
+    assert "rebuild it with python -m core known --build known-induction-neox" in out and "delete" not in out

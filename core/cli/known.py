@@ -7,7 +7,8 @@ import argparse
 
 from core.errors import HeadLabError
 from core.heads import head_name
-from core.model.refs import MANIFEST, zoo_model_dir
+from core.model.loading import verify_safetensors_folder
+from core.model.refs import MANIFEST, ModelRef, checkpoint_path, zoo_model_dir
 from core.workspace import zoo_dir
 from core.zoo.known import CIRCUIT_FILE, HANDWIRED, KNOWN_MODELS, known_kind, read_circuit
 
@@ -25,7 +26,12 @@ def _row(name: str) -> dict:
     row = {"name": name, "kind": known_kind(name), "built": (folder / MANIFEST).is_file() and (folder / CIRCUIT_FILE).is_file(),
            "folder": str(folder)}
     if row["built"]:
-        circuit = read_circuit(folder)
+        try:  # "built" only when its weights are there and whole, and its circuit reads
+            circuit = read_circuit(folder)
+            verify_safetensors_folder(checkpoint_path(ModelRef.parse(name)))
+        except HeadLabError as exc:
+            row.update(built=False, broken=f"{str(exc).split(';')[0]}; rebuild it with python -m core known --build {name}")
+            return row
         row.update(heads=[head_name(h) for h in circuit.heads], roles=dict(circuit.roles),
                    edges=list(circuit.edge_texts), distractors=[head_name(h) for h in circuit.distractors],
                    ablation=circuit.ablation, metric=circuit.metric, task=dict(circuit.task), bounds=dict(circuit.bounds))
@@ -47,13 +53,16 @@ def cli_known(args: argparse.Namespace) -> dict:
     rows = [_row(name) for name in KNOWN_MODELS]
     for row in rows:
         heads = ",".join(row.get("heads", [])) or "-"
-        state = "built" if row["built"] else "not built"
+        state = "built" if row["built"] else "broken" if row.get("broken") else "not built"
         extra = ""
         if row["built"] and "clean" in row["bounds"]:
             b = row["bounds"]
             extra = (f"  logit diff {b['clean']:.2f} clean, {b.get('true_ablated', float('nan')):.3f} circuit ablated, "
                      f"{b.get('others_ablated', float('nan')):.2f} others ablated ({row['ablation']})")
         print(f"{row['name']:28s} {row['kind']:9s} {state:9s} {heads:24s}{extra}")
+    for row in rows:
+        if row.get("broken"):
+            print(f"note: {row['name']}: {row['broken']}")
     if not any(r["built"] for r in rows):
         print("no known model is built yet; build the hand-wired ones with python -m core known --build")
     return {"zoo": str(zoo_dir()), "built_now": built, "models": rows}

@@ -474,8 +474,8 @@ def known_cases(names: Sequence[str] = (), kinds: Sequence[str] = ("handwired", 
                 say(f"building known model {name}")
                 KNOWN_MODELS[name](progress=known_kind(name) != "handwired")
             else:
-                notes.append(f"{name} is not built yet and was left out; train it with python -m core benchmark --build "
-                             "(or its builder in core.zoo.known).")
+                notes.append(f"{name} is not built yet and was left out; train it with python -m core known --build "
+                             f"{name} (or benchmark --build).")
                 continue
         cases.append(known_case(name))
     return cases, notes
