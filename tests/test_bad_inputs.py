@@ -837,3 +837,17 @@ def test_known_says_built_only_when_the_weights_are_whole_and_its_advice_is_know
     out = capsys.readouterr().out
     assert status == 0 and "known-induction-neox         handwired broken" in out
     assert "rebuild it with python -m core known --build known-induction-neox" in out and "delete" not in out
+
+
+def test_a_folder_where_a_benchmark_cache_file_belongs_is_named_as_such(home):
+    from core.pipelines import benchmark as bench
+    from core.zoo.known import KNOWN_MODELS
+
+    KNOWN_MODELS["known-induction-neox"](progress=False)
+    case = bench.known_case("known-induction-neox")
+    bench._item_path(bench._item_key(case, "scores/x", {})).mkdir(parents=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CorruptCacheEntryWarning)
+        with pytest.raises(HeadLabError, match="is a folder where a benchmark cache file belongs") as info:
+            bench.cached_item(case, "scores/x", {}, lambda: {"method": "m"})
+    assert "space" not in str(info.value)
