@@ -186,6 +186,9 @@ CLI_CASES = [  # (id, argv with {tmp} for a scratch folder holding a-file, what 
     ("study --out under a file", ["study", MODEL, "--task", "induction", "--out", A_FILE + "/report"],
      "is a file, not a folder"),
     ("study --task ioi on a byte-level model", ["study", MODEL, "--task", "ioi", "--quick"], "word-level tokenizer"),
+    ("study --skip unknown stage", ["study", MODEL, "--task", "ioi", "--skip", "acdc"], "--skip acdc: unknown stage"),
+    ("study --skip with --task induction", ["study", MODEL, "--task", "induction", "--skip", "roles"],
+     "--skip names IOI stages"),
 ]
 IDS = list(range(1, 11))  # a prompt of ten byte tokens, the query's token 10 never seen before
 
