@@ -33,7 +33,7 @@ def curves_figure(curves: dict, title: str, name: str, caption: str, provenance:
     fig = go.Figure()
     rows = []
     for method, c in curves.items():
-        fig.add_trace(go.Scatter(x=c["fractions"], y=c["faithfulness"], mode="lines+markers",
+        fig.add_trace(go.Scatter(x=c["fractions"], y=c["faithfulness"], mode="lines+markers", showlegend=True,
                                  name=f"{method} (CPR {c['cpr']:.2f}, CMD {c['cmd']:.2f})"))
         rows += [{"method": method, "fraction": f, "faithfulness": v} for f, v in zip(c["fractions"], c["faithfulness"])]
     for level in (0.0, 1.0):
@@ -62,13 +62,16 @@ def study_figures(report: dict) -> list[FigureBundle]:
         bundles.append(head_map(ioi["patching"]["scores"], f"{model}: IOI activation patching (top heads exact)",
                                 "score", "study-ioi-patching", "denoising patching score per head (clean 1, "
                                 "corrupted 0); heads outside the top-k carry attribution's estimate", prov, signed=True))
-        roles = ioi["roles"]
-        bundles.append(head_map(roles["direct_effect"], f"{model}: direct effect on the logit difference",
+        roles = ioi.get("roles")
+        if roles:
+            bundles.append(head_map(roles["direct_effect"], f"{model}: direct effect on the logit difference",
                                 "logit diff", "study-ioi-direct-effect",
                                 "each head's write at END through the frozen final norm, on W_U[IO] - W_U[S]", prov,
                                 signed=True))
-        curves = {m: ioi[f"edges_{m}"]["curve"] for m in ("eap", "eap-ig") if "curve" in ioi[f"edges_{m}"]}
-        curves["random"] = ioi["random_edges"]
-        bundles.append(curves_figure(curves, f"{model}: IOI faithfulness at MIB's edge fractions", "study-ioi-faithfulness",
+        curves = {m: ioi[f"edges_{m}"]["curve"] for m in ("eap", "eap-ig") if "curve" in ioi.get(f"edges_{m}", {})}
+        if "random_edges" in ioi:
+            curves["random"] = ioi["random_edges"]
+        if curves:
+            bundles.append(curves_figure(curves, f"{model}: IOI faithfulness at MIB's edge fractions", "study-ioi-faithfulness",
                                      "faithfulness of the top edges (other edges patched from the ABC prompts)", prov))
     return bundles
