@@ -4,7 +4,8 @@ Walks every page on SmolLM2 with a small probe (8 examples of 16 tokens): each o
 and no exception, and each is screenshotted into test-output/screenshots/real-*.png. In the ablation
 lab it reads the proposed probe size and its cost in power, then runs a 3-control ablation of two heads
 to a verdict. Needs the imported model: a HEADLAB_HOME whose zoo holds smollm2-135m, named by
-HEADLAB_TEST_REAL_HOME (`python -m core zoo --preset real` makes one); skips cleanly without it.
+HEADLAB_TEST_REAL_HOME, or imported once by the suite's `real_smollm2` fixture from the wheel `make test` fetched;
+skips cleanly without either.
 """
 
 from __future__ import annotations
@@ -30,13 +31,17 @@ ERROR_BOX = '[data-testid="stAlertContentError"]'
 
 
 @pytest.fixture(scope="module")
-def real_zoo() -> Path:
-    """The imported SmolLM2 linked into this session's zoo (read only: never written), or a skip."""
+def real_zoo(request) -> Path:
+    """The imported SmolLM2 in this session's zoo (read only: never written).
+
+    HEADLAB_TEST_REAL_HOME names a HEADLAB_HOME whose zoo already holds it (linked, no import); otherwise the
+    suite's shared fixture imports it once from the wheel `make test` fetched, and skips without that wheel.
+    """
     home = os.environ.get("HEADLAB_TEST_REAL_HOME")
     source = Path(home) / "zoo" / MODEL if home else None
     if source is None or not (source / "manifest.json").is_file():
-        pytest.skip(f"the real-model browser test needs {MODEL} imported: set HEADLAB_TEST_REAL_HOME to a HEADLAB_HOME "
-                    "whose zoo holds it (python -m core zoo --preset real)")
+        request.getfixturevalue("real_smollm2")
+        return zoo_dir() / MODEL
     target = zoo_dir() / MODEL
     target.parent.mkdir(parents=True, exist_ok=True)
     if not target.exists():
