@@ -36,6 +36,8 @@ from core.tasks.specs import probe_spec
 from core.tasks.tokens import tokenizer_of_folder
 
 STUDY_TASKS = ("induction", "ioi")
+# the IOI stages that may be left out (--skip), most costly last; logit-diff and patching always run
+SKIPPABLE = ("edges-eap", "edges-eap-ig", "random-edges", "stability", "roles")
 STUDY_VERSION = "1"
 MAX_EXAMPLES = 2048  # pairs or probe sequences: more would take hours per stage on a CPU
 # progress(stage, done, total)
@@ -131,10 +133,23 @@ def model_note(ref: ModelRef) -> dict:
     return {"note": manifest.get("note", ""), "source": {k: source[k] for k in keep if k in source}}
 
 
+def check_skip(skip: tuple[str, ...], task: str) -> tuple[str, ...]:
+    """The IOI stages to leave out, refused when unknown or asked of the induction study."""
+    skip = tuple(skip)
+    unknown = [name for name in skip if name not in SKIPPABLE]
+    if unknown:
+        raise HeadLabError(f"--skip {','.join(unknown)}: unknown stage; leave out any of {', '.join(SKIPPABLE)}.")
+    if skip and task != "ioi":
+        raise HeadLabError("--skip names IOI stages; leave it out with --task induction.")
+    return skip
+
+
 def run_study(ref: ModelRef, settings: StudySettings, revision: Optional[str] = None, device: str = "cpu",
-              dtype: str = DEFAULT_DTYPE, progress: Optional[StageProgress] = None) -> dict:
-    """The whole study of one task on one checkpoint: {model, settings, stages..., wall_seconds}."""
+              dtype: str = DEFAULT_DTYPE, progress: Optional[StageProgress] = None, skip: tuple[str, ...] = ()) -> dict:
+    """The whole study of one task on one checkpoint: {model, settings, stages..., wall_seconds}. skip: IOI stages
+    left out (named in the report; the cache keys do not depend on it, so a later run adds them)."""
     start = time.perf_counter()
+    skip = check_skip(skip, settings.task)
     checkpoint = resolve_checkpoint(ref, revision)
     config = load_config(ref, checkpoint.revision)
     folder = checkpoint_path(ref, checkpoint.revision)
@@ -152,7 +167,7 @@ def run_study(ref: ModelRef, settings: StudySettings, revision: Optional[str] = 
                                "one with one-token names: use --task induction, or a real model such as smollm2-135m.")
         spec = IoiCounterfactualSpec(ioi_spec(tokenizer, settings.n, settings.seed), "abc", 0)
         check_edge_run_fits(config, spec.seq_len, parse_dtype(dtype), True, device)
-        out["ioi"] = ioi_section(ref, checkpoint, settings, spec, model, shape, dtype, progress)
+        out["ioi"] = ioi_section(ref, checkpoint, settings, spec, model, shape, dtype, progress, skip)
     out["wall_seconds"] = time.perf_counter() - start
     out["stage_seconds"] = {name: record.get("seconds") for section in ("induction", "ioi") if section in out
                             for name, record in out[section].items() if isinstance(record, dict) and "seconds" in record}
@@ -287,7 +302,8 @@ def patching_record(report: Any) -> dict:
 
 
 def ioi_section(ref: ModelRef, checkpoint: Checkpoint, settings: StudySettings, spec: IoiCounterfactualSpec,
-                model: LazyModel, shape: dict, dtype: str, progress: Optional[StageProgress]) -> dict:
+                model: LazyModel, shape: dict, dtype: str, progress: Optional[StageProgress],
+                skip: tuple[str, ...] = ()) -> dict:
     """Logit difference, attribution then activation patching, EAP and EAP-IG edges with MIB's curve, a random-
     edge baseline, the discovered set against matched-random edge sets, stability and head roles."""
     s = settings
@@ -302,7 +318,12 @@ def ioi_section(ref: ModelRef, checkpoint: Checkpoint, settings: StudySettings, 
         return None if progress is None else (lambda done, total: progress(name, done, total))
 
     out: dict = {"pairs": {"n": s.n, "corruption": spec.corruption, "templates": list(spec.probe.templates),
-                           "names": len(spec.probe.names), "seq_len": spec.seq_len}}
+                           "names": len(spec.probe.names), "seq_len": spec.seq_len}, "skipped": list(skip)}
+
+    def run(name: str, key: str, compute: Callable[[], dict]) -> None:
+        if name not in skip:
+            out[key] = cached_stage(ref, checkpoint, s, name, compute, dtype)
+
     out["logit_diff"] = cached_stage(ref, checkpoint, s, "logit-diff",
                                      lambda: logit_differences(model(), pair()), dtype)
     edge_settings = EdgeSettings(metric="logit_diff", replacement="resample", allow_small_gap=s.allow_small_gap)
@@ -310,11 +331,11 @@ def ioi_section(ref: ModelRef, checkpoint: Checkpoint, settings: StudySettings, 
         model(), pair(), PatchSettings(allow_small_gap=s.allow_small_gap), PatchPlan(attribution=True, top_k=min(s.top_k_heads, shape["n_layers"] *
                                                                                  shape["n_heads"])),
         progress)), dtype)
+    run("roles", "roles", lambda: ioi_head_roles(model(), spec, pair(), out["logit_diff"]["clean_mean"]))
     for method, controls in (("eap", 0), ("eap-ig", s.n_controls)):
         plan = EdgePlan(method=method, ig_steps=s.ig_steps, top=s.top_edges, curve=True, n_controls=controls)
-        out[f"edges_{method}"] = cached_stage(
-            ref, checkpoint, s, f"edges-{method}",
-            lambda plan=plan: edge_record(run_edges(model(), pair(), edge_settings, plan, progress), s.top_edges), dtype)
+        run(f"edges-{method}", f"edges_{method}",
+            lambda plan=plan: edge_record(run_edges(model(), pair(), edge_settings, plan, progress), s.top_edges))
 
     def random_curve() -> dict:
         graph = check_edge_model(model())
@@ -323,12 +344,8 @@ def ioi_section(ref: ModelRef, checkpoint: Checkpoint, settings: StudySettings, 
         return {"fractions": list(c.fractions), "n_edges_kept": list(c.n_edges_kept),
                 "faithfulness": list(c.faithfulness), "cpr": c.cpr, "cmd": c.cmd, "seed": s.seed}
 
-    out["random_edges"] = cached_stage(ref, checkpoint, s, "random-edges", random_curve, dtype)
-    out["stability"] = cached_stage(ref, checkpoint, s, "stability",
-                                    lambda: edge_stability(model(), pair(), s, edge_settings, stage("stability")), dtype)
-    out["roles"] = cached_stage(ref, checkpoint, s, "roles",
-                                lambda: ioi_head_roles(model(), spec, pair(),
-                                                       out["logit_diff"]["clean_mean"]), dtype)
+    run("random-edges", "random_edges", random_curve)
+    run("stability", "stability", lambda: edge_stability(model(), pair(), s, edge_settings, stage("stability")))
     return out
 
 
