@@ -353,6 +353,24 @@ def test_train_with_the_default_flags_left_out_is_not_refused(home):
     assert zoo_model_dir("my-model.v2") == home / "zoo" / "my-model.v2"
 
 
+def test_an_unfinished_zoo_model_is_named_unfinished_by_models_and_screen(home, capsys):
+    """A model killed mid-training keeps its checkpoints and a manifest with complete: false; `models` and `screen`
+    say it is unfinished (its last checkpoint is not the trained model) instead of presenting it as finished."""
+    manifest_path = home / "zoo" / MODEL / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest_path.write_text(json.dumps({**manifest, "complete": False}))
+    assert main(["models"]) == 0
+    listing = capsys.readouterr().out
+    assert "UNFINISHED" in next(line for line in listing.splitlines() if line.startswith(MODEL))
+    assert main(["models", MODEL]) == 0
+    assert "is unfinished: its training stopped at step 10" in capsys.readouterr().out
+    assert main(["screen", MODEL, *SMALL]) == 0
+    assert "is unfinished" in capsys.readouterr().out
+    manifest_path.write_text(json.dumps({**manifest, "complete": True}))
+    assert main(["models", MODEL]) == 0
+    assert "unfinished" not in capsys.readouterr().out
+
+
 # ------------------------------------------------------------------------------ seeds and sizes
 
 

@@ -10,7 +10,7 @@ import argparse
 
 from core.errors import HeadLabError
 from core.model.gguf import QUANTIZED_NOTE, import_gguf_once, source_text
-from core.model.refs import RETRAIN_HINT, ModelRef, list_checkpoints, list_zoo, read_manifest
+from core.model.refs import RETRAIN_HINT, ModelRef, list_checkpoints, list_zoo, read_manifest, unfinished_training
 from core.workspace import zoo_dir
 
 IMPORT_WORD = "import"  # `models import FILE`: the first word picks the import (a zoo model named "import" is shadowed)
@@ -42,7 +42,10 @@ def cli_models(args: argparse.Namespace) -> dict:
     for c in checkpoints:
         tokens = "unknown" if c.tokens < 0 else f"{c.tokens:,}"
         print(f"{c.revision:28s} step {c.step:>9,}  tokens {tokens}")
-    return {"model": ref.to_json(), "checkpoints": [c.to_json() for c in checkpoints]}
+    unfinished = unfinished_training(ref)
+    if unfinished:
+        print(f"note: {unfinished}.")
+    return {"model": ref.to_json(), "checkpoints": [c.to_json() for c in checkpoints], "unfinished": unfinished}
 
 
 def list_models() -> dict:
@@ -65,6 +68,8 @@ def list_models() -> dict:
                      "sha256": source.get("sha256"), "quantization": source.get("quantization")})
         row = rows[-1]
         line = f"{name:24s} {str(row['family']):10s} {str(row['task']):12s} {row['checkpoints']:4d} checkpoints"
+        if row["complete"] is False:
+            line += "  UNFINISHED (training stopped early; rerun its zoo or train command to resume)"
         if source:
             line += (f"  {row['quantization']} from {row['source']}, SHA-256 {row['sha256']}, "
                      f"licence {row['licence'] or 'not stated in the file'}")

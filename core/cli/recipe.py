@@ -16,7 +16,7 @@ from core.cli.backend import add_backend_arguments, executor_from_args
 from core.cli.probe import add_probe_file_arguments, add_probe_spec_arguments, probe_from_args, say_probe_notes, seed_arg
 from core.heads import parse_heads
 from core.model.loading import load_config, load_model
-from core.model.refs import ModelRef, list_checkpoints, resolve_checkpoint
+from core.model.refs import ModelRef, list_checkpoints, resolve_checkpoint, unfinished_training
 from core.pipelines.recipe import ScreenSettings, ablate, run_recipe, screen
 from core.probe import check_probe_fits, probe_batch_for
 from core.stats.inference import format_rank_z
@@ -70,6 +70,10 @@ def cli_screen(args: argparse.Namespace) -> dict:
         bar.close()
     out = report.to_json()
     say_probe_notes(report.probe_spec)
+    unfinished = unfinished_training(ref)
+    if unfinished:
+        print(f"note: {unfinished}.")
+        out["unfinished"] = unfinished
     if report.spectral is None:
         print(report.spectral_note)
     else:

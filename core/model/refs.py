@@ -208,6 +208,22 @@ def tokens_from_revision(model_name: str, revision: str) -> int | None:
     return None if parsed is None else parsed[1]
 
 
+def unfinished_training(ref: ModelRef) -> str | None:
+    """A sentence when the model's manifest says its training did not finish (killed or stopped early), else None.
+
+    Its last checkpoint is then not the trained model: listings and analyses say so instead of treating it as final.
+    """
+    if ref.kind == "hub":
+        return None
+    folder = zoo_dir() / ref.name if ref.kind == "zoo" else Path(ref.name)
+    manifest = read_manifest(folder, missing_ok=True)
+    if manifest is None or manifest.get("complete", True):
+        return None
+    last = manifest["checkpoints"][-1]["step"] if manifest["checkpoints"] else 0
+    return (f"{ref.name} is unfinished: its training stopped at step {last:,} before the planned end, so its last "
+            "checkpoint is not the trained model; rerun the same `python -m core zoo` or `train` command to resume it")
+
+
 def list_checkpoints(ref: ModelRef) -> list[Checkpoint]:
     """The model's checkpoints sorted by tokens seen; HeadLabError when there are none."""
     if ref.kind == "zoo":
