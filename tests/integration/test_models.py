@@ -40,7 +40,7 @@ from core.model.refs import (
 from tests.tiny_models import FAMILIES, make_fake_zoo, save_tiny_model, tiny_config
 
 EXPECTED_TYPE = {"gpt_neox": "gpt_neox", "gpt_neox_norotary": "gpt_neox", "hhg": "gpt_neox",
-                 "llama": "llama", "llama_gqa": "llama", "olmoe": "olmoe"}
+                 "llama": "llama", "llama_gqa": "llama", "olmoe": "olmoe", "gemma3": "gemma3_text"}
 
 
 @pytest.fixture(scope="module")

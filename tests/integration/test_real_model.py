@@ -17,7 +17,7 @@ from core.model.loading import load_model
 from core.model.refs import ModelRef, checkpoint_path, list_checkpoints, read_manifest
 from core.zoo.real import REAL_MODELS, SMOLLM2_WHEEL
 
-PROMPTS = {  # prompt -> the top-1 next token of the dequantized model (../shared/REAL-MODELS.md, float32)
+PROMPTS = {  # prompt -> the top-1 next token of the dequantized model (docs/real-models.md; float32)
     "When Mary and John went to the store, John gave a drink to": " Mary",
     "The capital of France is": " Paris",
 }
