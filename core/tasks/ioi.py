@@ -39,7 +39,7 @@ from core.errors import HeadLabError
 from core.results import JsonResult
 from core.tasks.counterfactual import PatchPair
 from core.tasks.probe_batch import MIN_QUERY_POS, ProbeBatch, check_seed
-from core.tasks.tokens import excluded_token_ids, is_byte_tokenizer, special_prefix, tokenizer_fingerprint
+from core.tasks.tokens import excluded_token_ids, is_byte_tokenizer, pad_id, special_prefix, tokenizer_fingerprint
 
 # The IOI paper's 100 first names (Wang et al. 2022, the `NAMES` list of its dataset code).
 NAMES = (
@@ -120,14 +120,6 @@ def _template_tokenizes_by_pieces(tokenizer: Any, parts: list[str], pieces: tupl
         if list(tokenizer.encode(_fill(parts, values), add_special_tokens=True)) != expected:
             return False
     return True
-
-
-def _pad_id(tokenizer: Any) -> int:
-    for name in ("pad_token_id", "eos_token_id"):
-        value = getattr(tokenizer, name, None)
-        if value is not None:
-            return int(value)
-    return 0
 
 
 @dataclass(frozen=True)
@@ -336,7 +328,7 @@ def ioi_spec(tokenizer: Any, n_examples: int = 256, seed: int = 42, names: tuple
     return IoiSpec(n_examples=n_examples, seed=seed, tokenizer=tokenizer_fingerprint(tokenizer),
                    names=words["names"][0], name_ids=words["names"][1], places=words["places"][0],
                    place_ids=words["places"][1], objects=words["objects"][0], object_ids=words["objects"][1],
-                   templates=tuple(kept), template_pieces=tuple(pieces), pad_id=_pad_id(tokenizer))
+                   templates=tuple(kept), template_pieces=tuple(pieces), pad_id=pad_id(tokenizer))
 
 
 def describe_ioi(spec: IoiSpec) -> str:

@@ -38,7 +38,7 @@ import torch
 from core.errors import HeadLabError
 from core.tasks.counterfactual import PatchPair
 from core.tasks.probe_batch import MIN_QUERY_POS, ProbeBatch
-from core.tasks.tokens import is_byte_tokenizer
+from core.tasks.tokens import is_byte_tokenizer, pad_id
 
 FIELDS = ("prompt", "prompt_ids", "target", "corrupted_prompt", "corrupted_target", "query_pos")
 PADDING_SIDES = ("right", "left")
@@ -332,20 +332,12 @@ def _pattern(tokens: list[int], query: int, first: int) -> tuple[int, bool]:
     return first, False
 
 
-def _pad_id(tokenizer: Any) -> int:
-    for name in ("pad_token_id", "eos_token_id"):
-        value = getattr(tokenizer, name, None)
-        if value is not None:
-            return int(value)
-    return 0
-
-
 def _assemble(encoded: list[_Encoded], tokenizer: Any, padding: str,
               spec: dict) -> tuple[ProbeBatch, torch.Tensor]:
     """Pad every example to the longest: (clean batch, corrupted tokens [example, pos]); the batch carries the
     attention mask when anything is padded."""
     n, seq_len = len(encoded), max(len(e.clean) for e in encoded)
-    pad = _pad_id(tokenizer)
+    pad = pad_id(tokenizer)
     clean = torch.full((n, seq_len), pad, dtype=torch.long)
     corrupted = torch.full((n, seq_len), pad, dtype=torch.long)
     mask = torch.zeros((n, seq_len), dtype=torch.long)

@@ -165,3 +165,12 @@ def tokenizer_of_folder(folder: str | Path, local: bool = True, revision: str | 
             return None
         raise HeadLabError(f"the tokenizer of {folder} cannot be read ({type(exc).__name__}); check its tokenizer.json, "
                            "or give a token range with --token-low and --token-high.") from None
+
+
+def pad_id(tokenizer: Any) -> int:
+    """The id that pads a tokenizer's prompts to one length: its pad token, else its end-of-sequence token, else 0."""
+    for name in ("pad_token_id", "eos_token_id"):
+        value = getattr(tokenizer, name, None)
+        if value is not None:
+            return int(value)
+    return 0
