@@ -117,22 +117,11 @@ class PatchPair:
         return PatchPair(self.clean.to(device), self.corrupted_tokens.to(device), target, dict(self.spec))
 
 
-@dataclass(frozen=True)
-class InductionCounterfactualSpec(JsonResult):
-    """The induction probe and its counterfactual: the earlier A (position p) replaced by another token.
+class ProbeCounterfactual:
+    """What every counterfactual spec shares with the probe it corrupts: its size, its vocabulary check, and
+    its task name in the JSON. A subclass is a frozen JsonResult dataclass with a `probe` field."""
 
-    The replacement is uniform over the probe's token range without A and B, drawn from
-    numpy RandomState(seed) in example order, so the clean batch is exactly `probe.build()`.
-    """
-
-    task: ClassVar[str] = "induction-counterfactual"
-    probe: InductionProbeSpec
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.probe, InductionProbeSpec):
-            raise HeadLabError("the counterfactual needs an InductionProbeSpec; build one with probe_spec('induction', ...).")
-        object.__setattr__(self, "seed", check_seed(self.seed, "the counterfactual seed"))
+    task: ClassVar[str]
 
     @property
     def n_examples(self) -> int:
@@ -147,6 +136,24 @@ class InductionCounterfactualSpec(JsonResult):
 
     def check_vocab(self, vocab_size: int) -> None:
         self.probe.check_vocab(vocab_size)
+
+
+@dataclass(frozen=True)
+class InductionCounterfactualSpec(ProbeCounterfactual, JsonResult):
+    """The induction probe and its counterfactual: the earlier A (position p) replaced by another token.
+
+    The replacement is uniform over the probe's token range without A and B, drawn from
+    numpy RandomState(seed) in example order, so the clean batch is exactly `probe.build()`.
+    """
+
+    task: ClassVar[str] = "induction-counterfactual"
+    probe: InductionProbeSpec
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.probe, InductionProbeSpec):
+            raise HeadLabError("the counterfactual needs an InductionProbeSpec; build one with probe_spec('induction', ...).")
+        object.__setattr__(self, "seed", check_seed(self.seed, "the counterfactual seed"))
 
     def build(self) -> PatchPair:
         """The clean batch and its corrupted tokens (A at p replaced; A at q and B at p+1 kept)."""

@@ -37,7 +37,7 @@ import torch
 
 from core.errors import HeadLabError
 from core.results import JsonResult
-from core.tasks.counterfactual import PatchPair
+from core.tasks.counterfactual import PatchPair, ProbeCounterfactual
 from core.tasks.probe_batch import MIN_QUERY_POS, ProbeBatch, check_seed
 from core.tasks.tokens import excluded_token_ids, is_byte_tokenizer, pad_id, special_prefix, tokenizer_fingerprint
 
@@ -241,7 +241,7 @@ class IoiSpec(JsonResult):
 
 
 @dataclass(frozen=True)
-class IoiCounterfactualSpec(JsonResult):
+class IoiCounterfactualSpec(ProbeCounterfactual, JsonResult):
     """The IOI prompts and their corrupted twins ("abc" or "swap", module docstring), the clean side exactly
     probe.build(); the ABC names drawn from numpy RandomState(seed)."""
 
@@ -256,20 +256,6 @@ class IoiCounterfactualSpec(JsonResult):
         if self.corruption not in CORRUPTIONS:
             raise HeadLabError(f"IOI corruption {self.corruption!r} is unknown; use one of {', '.join(CORRUPTIONS)}.")
         object.__setattr__(self, "seed", check_seed(self.seed, "the counterfactual seed"))
-
-    @property
-    def n_examples(self) -> int:
-        return self.probe.n_examples
-
-    @property
-    def seq_len(self) -> int:
-        return self.probe.seq_len
-
-    def to_json(self) -> dict:
-        return {"task": self.task, **super().to_json()}
-
-    def check_vocab(self, vocab_size: int) -> None:
-        self.probe.check_vocab(vocab_size)
 
     def build(self) -> PatchPair:
         """Clean prompts (target IO) and corrupted ones of the same token length (corrupted_target S)."""
