@@ -23,7 +23,8 @@ def add_known_arguments(parser: argparse.ArgumentParser) -> None:
 def _row(name: str) -> dict:
     """One known model as the listing shows it: registry kind, whether built, and its circuit when it is."""
     folder = zoo_model_dir(name)
-    row = {"name": name, "kind": known_kind(name), "built": (folder / MANIFEST).is_file() and (folder / CIRCUIT_FILE).is_file(),
+    # exists(), not is_file(): a folder in circuit.json's place is read (and refused as broken), not "not built"
+    row = {"name": name, "kind": known_kind(name), "built": (folder / MANIFEST).is_file() and (folder / CIRCUIT_FILE).exists(),
            "folder": str(folder)}
     if row["built"]:
         try:  # "built" only when its weights are there and whole, and its circuit reads

@@ -34,119 +34,48 @@ a verdict is right when the true circuit passes (paper rule) and a random or dis
 Each (model, item) result is a JSON file under cache_dir()/benchmark/, written atomically
 (core.workspace.atomic_write_json) under a key of everything that decides it, so an interrupted run
 resumes from its finished items and its report equals an uninterrupted run's (timings aside, which
-sit in the report's "runtime").
-
-Long because the benchmark is one pass that needs every method's score and its disposal side by side:
-the method tables, the cases, the cache keys and the report assembly read each other.
+sit in the report's "runtime"). The cases and that cache live in benchmark_cases.py, the report's
+tables (scores over seeds, verdicts, ACDC's threshold sweep, where the methods separate) in
+benchmark_report.py.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
-import re
 import time
-import warnings
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
 from core.ablation.edges import EdgeSettings, acdc, edge_attribution
 from core.ablation.patching import PatchSettings, activation_patching, attribution_patching
-from core.ablation.spec import PROBE_MODES
 from core.errors import HeadLabError
 from core.executor import ProgressBar
 from core.heads import HeadSet, head_name, parse_heads
 from core.model.hooks import model_shape
 from core.model.loading import DEFAULT_DTYPE, dtype_name, load_config, load_hf_model, load_model
-from core.model.refs import Checkpoint, ModelRef, list_checkpoints, resolve_checkpoint, weights_fingerprint
+from core.model.refs import Checkpoint, list_checkpoints, resolve_checkpoint
+from core.pipelines.benchmark_cases import (BENCHMARK_VERSION, CACHE_KIND, BenchmarkCase, _item_key, _item_path,
+                                            cached_item, check_known_heads, known_case, known_cases, random_groups,
+                                            task_and_seed, true_edge_mask)
+from core.pipelines.benchmark_report import (EXPECTED, GROUP_KINDS, PUBLISHED_ANCHORS, PUBLISHED_LABEL,
+                                             report_fingerprint, score_table, verdict_accuracy)
 from core.pipelines.proposers import DISPOSER, CircuitProposal, dispose, probe_gradient_magnitudes, top_heads
 from core.pipelines.recipe import screen_checkpoint, spectral_left_out
 from core.probe import head_stats
 from core.results import JsonResult, package_versions
 from core.stats.controls import count_matched_sets
 from core.stats.ising import DEFAULT_C, fit_ising_pseudolikelihood
-from core.stats.recovery import (DEFAULT_DRAWS, MEASURE_LABELS, MEASURES, TIES, check_scores_truth, recovery_all,
-                                 seed_interval)
+from core.stats.recovery import DEFAULT_DRAWS, MEASURE_LABELS, MEASURES, TIES, recovery_all
 from core.stats.spectral import DEFAULT_DEFINITION, DEFAULT_RULE, SpectralResult, pr_per_head
 from core.stats.spins import binarize_at_median, max_attention_signal
-from core.store import CorruptCacheEntryWarning, cache_key
 from core.tasks.counterfactual import PatchPair
-from core.workspace import atomic_write_json, cache_dir, zoo_dir
-from core.zoo.known import CIRCUIT_FILE, KNOWN_MODELS, known_circuit, known_kind
 
-BENCHMARK_VERSION = "2"  # bump when a stored item changes (2: closure verdicts read the rank where controls do not vary)
-CACHE_KIND = "benchmark"
-GROUP_KINDS = ("truth", "proposal", "random", "distractor")
-EXPECTED = {"truth": "causal", "random": "not causal", "distractor": "not causal", "proposal": None}
-
-# Published edge ROC AUCs of circuit discovery on other models (ACDC, Conmy et al. 2023, the tables of its
-# repository), shown beside HeadLab's figures and never mixed with them.
-PUBLISHED_ANCHORS = (
-    {"source": "ACDC (Conmy et al. 2023)", "task": "tracr reverse", "method": "ACDC", "ablation": "zero",
-     "metric": "edge ROC AUC", "value": 1.000},
-    {"source": "ACDC (Conmy et al. 2023)", "task": "tracr reverse", "method": "subnetwork probing", "ablation": "zero",
-     "metric": "edge ROC AUC", "value": 0.692},
-    {"source": "ACDC (Conmy et al. 2023)", "task": "tracr reverse", "method": "head importance", "ablation": "zero",
-     "metric": "edge ROC AUC", "value": 0.656},
-    {"source": "ACDC (Conmy et al. 2023)", "task": "IOI (GPT-2 small)", "method": "ACDC", "ablation": "resample",
-     "metric": "edge ROC AUC", "value": 0.868},
-    {"source": "ACDC (Conmy et al. 2023)", "task": "greater-than (GPT-2 small)", "method": "ACDC", "ablation": "resample",
-     "metric": "edge ROC AUC", "value": 0.883},
-    {"source": "ACDC (Conmy et al. 2023)", "task": "docstring (4-layer attn-only)", "method": "ACDC (KL)",
-     "ablation": "resample", "metric": "edge ROC AUC", "value": 0.434},
-    {"source": "ACDC (Conmy et al. 2023)", "task": "docstring (4-layer attn-only)", "method": "ACDC (task metric)",
-     "ablation": "resample", "metric": "edge ROC AUC", "value": 0.972},
-)
-PUBLISHED_LABEL = "published numbers on other models (not HeadLab runs)"
-
-
-# ---------------------------------------------------------------------------------------------
-# inputs
-
-
-@dataclass(frozen=True, eq=False)
-class BenchmarkCase:
-    """One known model, ready to score.
-
-    name: how the report names it; ref, revision: the checkpoint; task: the circuit's task (seeds of one
-    task are pooled); seed: the model's seed among them (None when there is one model of the task);
-    kind: "hand-wired" | "planted" | ...; truth: the true heads; edges: the true edges' text
-    ("L0H0->L1H0.k"); mode: the ablation type under which the circuit holds (a PROBE_MODES value);
-    distractors: name -> heads that are busy but outside the circuit; pairs: the clean/corrupted pairs
-    (the clean side is the probe batch of the screen, the gradient and the disposer); pair_spec: how
-    the pairs were made (part of every cache key).
-    """
-
-    name: str
-    ref: ModelRef
-    revision: str
-    task: str
-    truth: HeadSet
-    mode: str
-    pairs: PatchPair
-    pair_spec: dict
-    kind: str = "known"
-    seed: Optional[int] = None
-    edges: tuple[str, ...] = ()
-    distractors: dict = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.mode not in PROBE_MODES:
-            raise HeadLabError(f"{self.name}: ablation type {self.mode!r} is not one of {', '.join(PROBE_MODES)}; "
-                               "fix the circuit's ablation type.")
-        if len(self.truth) == 0:
-            raise HeadLabError(f"{self.name}: the true circuit names no heads; a known circuit needs at least one.")
-
-    def describe(self, shape: tuple[int, int]) -> dict:
-        return {"name": self.name, "model": self.ref.name, "revision": self.revision, "task": self.task,
-                "seed": self.seed, "kind": self.kind, "shape": list(shape), "mode": self.mode,
-                "truth": [head_name(h) for h in self.truth], "edges": list(self.edges),
-                "distractors": {k: [head_name(h) for h in v] for k, v in self.distractors.items()},
-                "pairs": {"n_examples": self.pairs.n_examples, "seq_len": self.pairs.seq_len, **self.pair_spec}}
+# re-exported: the cases, the cache and the report were split into benchmark_cases.py and benchmark_report.py
+__all__ = ["BENCHMARK_VERSION", "CACHE_KIND", "BenchmarkCase", "_item_key", "_item_path", "cached_item",
+           "check_known_heads", "known_case", "known_cases", "random_groups", "task_and_seed", "true_edge_mask",
+           "EXPECTED", "GROUP_KINDS", "PUBLISHED_ANCHORS", "PUBLISHED_LABEL", "report_fingerprint", "score_table",
+           "verdict_accuracy"]
 
 
 # upper bounds of the counts a user sets, checked before any work, with what one more costs
@@ -434,154 +363,6 @@ EDGE_METHOD_NAMES = tuple(m.name for m in EDGE_METHODS)
 # ---------------------------------------------------------------------------------------------
 # the known models as cases
 
-_SEEDED = re.compile(r"^(?P<task>.+)-s(?P<seed>\d+)$")
-
-
-def task_and_seed(name: str) -> tuple[str, Optional[int]]:
-    """A known model's task group and seed from its name: "planted-induction-neox-s1" -> ("planted-induction-neox", 1);
-    a name without a seed suffix is a task of its own."""
-    match = _SEEDED.match(name)
-    return (match["task"], int(match["seed"])) if match else (name, None)
-
-
-def known_case(model: str | ModelRef, revision: Optional[str] = None) -> BenchmarkCase:
-    """The case of a known model: a zoo name or a local folder holding circuit.json (HeadLabError when it has none,
-    or when the circuit names heads or edges the model lacks)."""
-    ref = model if isinstance(model, ModelRef) else ModelRef.parse(str(model))
-    circuit = known_circuit(ref, revision)
-    checkpoint = resolve_checkpoint(ref, revision)
-    pairs = circuit.build_pair()
-    name = Path(ref.name).name if ref.kind == "local" else ref.name
-    task, seed = task_and_seed(name)
-    distractors = {"distractors": circuit.distractors} if len(circuit.distractors) else {}
-    return BenchmarkCase(name=name, ref=ref, revision=checkpoint.revision, task=task, truth=circuit.heads,
-                         mode=circuit.ablation, pairs=pairs, pair_spec=dict(circuit.task), kind=circuit.kind, seed=seed,
-                         edges=circuit.edge_texts, distractors=distractors)
-
-
-def known_cases(names: Sequence[str] = (), kinds: Sequence[str] = ("handwired", "planted"), build: bool = False,
-                say: Optional[Callable[[str], None]] = None) -> tuple[list[BenchmarkCase], list[str]]:
-    """The cases of the named known models (zoo names or folders; default every registered one of `kinds`), and
-    notes on the ones left out. A registered hand-wired model not built yet is built (well under a second);
-    a planted one is trained only when `build` (else left out, with the command that trains it)."""
-    say = say or (lambda text: None)
-    chosen = list(names) or [n for n in KNOWN_MODELS if known_kind(n) in kinds]
-    cases, notes = [], []
-    for name in chosen:
-        registered = name in KNOWN_MODELS
-        if registered and not (zoo_dir() / name / CIRCUIT_FILE).is_file():
-            if known_kind(name) == "handwired" or build:
-                say(f"building known model {name}")
-                KNOWN_MODELS[name](progress=known_kind(name) != "handwired")
-            else:
-                notes.append(f"{name} is not built yet and was left out; train it with python -m core known --build "
-                             f"{name} (or benchmark --build).")
-                continue
-        cases.append(known_case(name))
-    return cases, notes
-
-
-# ---------------------------------------------------------------------------------------------
-# the cache of finished items
-
-
-def _item_key(case: BenchmarkCase, item: str, extra: dict) -> str:
-    """Everything an item depends on: the model's weights, the pairs, the circuit as circuit.json states it (a
-    proposal's size and every disposal's groups follow the true heads), the item and its settings."""
-    model_id = case.ref.to_json()
-    circuit = {"truth": [head_name(h) for h in case.truth], "edges": list(case.edges), "mode": case.mode,
-               "kind": case.kind, "distractors": {str(k): [head_name(h) for h in HeadSet.of(v)]
-                                                  for k, v in case.distractors.items()},
-               "pairs": [case.pairs.n_examples, case.pairs.seq_len]}
-    payload = {"item": item, "weights": weights_fingerprint(case.ref, case.revision), "circuit": circuit, **extra}
-    return cache_key(CACHE_KIND, json.dumps(model_id, sort_keys=True), case.revision, case.pair_spec,
-                     BENCHMARK_VERSION, payload)
-
-
-def _item_path(key: str):
-    digest = key.partition(":")[2]
-    return cache_dir() / CACHE_KIND / f"{digest}.json"
-
-
-def cached_item(case: BenchmarkCase, item: str, extra: dict, compute: Callable[[], dict],
-                check: Optional[Callable[[dict], Any]] = None, device: str = "cpu") -> tuple[dict, float, str]:
-    """(result, seconds it took when computed, the device it was computed on): the finished item, else computed
-    and written whole (a temporary file renamed into place) so an interrupted run leaves no half of it.
-
-    check: reads a result the way the report will (raising KeyError, TypeError, ValueError on a malformed one),
-    so an entry edited by hand or cut short is named as corrupt and computed again, never a KeyError later.
-    The record keeps the device it was computed on (the report's provenance lists those devices).
-    """
-    key = _item_key(case, item, extra)
-    path = _item_path(key)
-    if path.exists():
-        try:
-            record = json.loads(path.read_text())
-            if record.get("key") == key:
-                if check is not None:
-                    check(record["result"])
-                return record["result"], float(record["seconds"]), str(record.get("device", "not recorded"))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
-            warnings.warn(f"benchmark cache entry {path} is corrupt ({type(exc).__name__}); it is computed again and "
-                          "replaced.", CorruptCacheEntryWarning, stacklevel=2)
-            if path.is_dir():
-                raise HeadLabError(f"{path} is a folder where a benchmark cache file belongs; remove that folder "
-                                   "(nothing of HeadLab's is in it) and rerun.") from None
-    started = time.perf_counter()
-    result = compute()
-    seconds = time.perf_counter() - started
-    try:
-        atomic_write_json(path, {"key": key, "item": item, "model": case.name, "seconds": seconds, "device": device,
-                                 "result": result})
-    except OSError as exc:
-        raise HeadLabError(f"cannot write the benchmark cache under {path.parent} ({exc.strerror}); free disk space "
-                           "or set HEADLAB_HOME to a folder you can write (nothing was left half-written).") from None
-    return result, seconds, device
-
-
-# ---------------------------------------------------------------------------------------------
-# one case
-
-
-def check_known_heads(case: BenchmarkCase, n_layers: int, n_heads: int) -> None:
-    """Refuse a case whose truth or distractors name heads the model lacks, before any work."""
-    named = [("true circuit", case.truth)] + [(f"distractor group {k!r}", HeadSet.of(v)) for k, v in case.distractors.items()]
-    for what, heads in named:
-        missing = [head_name(h) for h in heads if not (0 <= h[0] < n_layers and 0 <= h[1] < n_heads)]
-        if missing:
-            raise HeadLabError(f"{case.name}: the {what} names {', '.join(missing)}, but the model has {n_layers} layers "
-                               f"of {n_heads} heads (L0H0..L{n_layers - 1}H{n_heads - 1}); fix its circuit.json.")
-
-
-def true_edge_mask(case: BenchmarkCase, edges: Sequence[str]) -> np.ndarray:
-    """[edge] bool over the graph's edges (their text, in order): True at the circuit's true edges; an edge the
-    graph lacks is refused."""
-    index = {text: i for i, text in enumerate(edges)}
-    missing = [e for e in case.edges if e not in index]
-    if missing:
-        raise HeadLabError(f"{case.name}: the circuit's edges {', '.join(missing[:3])} are not edges of the model's graph "
-                           "(core.ablation.edges); fix its circuit.json.")
-    mask = np.zeros(len(edges), dtype=bool)
-    mask[[index[e] for e in case.edges]] = True
-    return mask
-
-
-def random_groups(truth: HeadSet, n_layers: int, n_heads: int, n_groups: int, seed: int) -> list[HeadSet]:
-    """Up to n_groups distinct random head sets of the truth's size, drawn from the heads outside it (seeded)."""
-    free = [(l, h) for l in range(n_layers) for h in range(n_heads) if (l, h) not in truth]
-    size = len(truth)
-    if size > len(free) or n_groups == 0:
-        return []
-    n_possible = math.comb(len(free), size)
-    rng = np.random.RandomState(seed)
-    seen: list[HeadSet] = []
-    attempts = 0
-    while len(seen) < min(n_groups, n_possible) and attempts < 100 * n_groups:
-        attempts += 1
-        group = HeadSet.of(free[int(i)] for i in rng.choice(len(free), size=size, replace=False))
-        if group not in seen:
-            seen.append(group)
-    return seen
 
 
 def disposer_settings(group: HeadSet, n_heads: int, settings: BenchmarkSettings, mode: str):
@@ -775,47 +556,6 @@ def n_items(cases: Sequence[BenchmarkCase], settings: BenchmarkSettings) -> int:
 # the report
 
 
-def score_table(results: Sequence[dict], settings: BenchmarkSettings) -> list[dict]:
-    """One row per (level, method, task, measure): the mean over the task's seeds with its bootstrap interval,
-    the mean permutation baseline and the largest permutation p; a method with no score says why."""
-    rows = []
-    tasks: dict[str, list[dict]] = {}
-    for result in results:
-        tasks.setdefault(result["case"]["task"], []).append(result)
-    for level, key, names in (("head", "methods", settings.method_names), ("edge", "edge_methods",
-                                                                             settings.edge_method_names)):
-        for method in names:
-            for task, group in tasks.items():
-                entries = [next(m for m in r[key] if m["method"] == method) for r in group]
-                scored = [e for e in entries if e.get("recovery")]
-                missing = sorted({e["not_applicable"] for e in entries if not e.get("recovery")})
-                for measure in MEASURES:
-                    row = {"level": level, "method": method, "task": task, "measure": measure,
-                           "models": [r["case"]["name"] for r in group], "n_scored": len(scored),
-                           "not_applicable": missing}
-                    if scored:
-                        values = [e["recovery"][measure]["value"] for e in scored]
-                        row.update(seed_interval(values, n_boot=settings.n_boot, seed=settings.boot_seed).to_json())
-                        row["baseline_mean"] = float(np.mean([e["recovery"][measure]["baseline_mean"] for e in scored]))
-                        row["max_p"] = float(max(e["recovery"][measure]["p"] for e in scored))
-                    rows.append(row)
-    return rows
-
-
-def verdict_accuracy(results: Sequence[dict]) -> dict:
-    """Per group kind: how many groups, how many the disposer judged right (paper rule), the rate, and the verdicts."""
-    out = {}
-    for kind in GROUP_KINDS:
-        records = [d for r in results for d in r["disposals"] if d["kind"] == kind]
-        verdicts: dict[str, int] = {}
-        for d in records:
-            verdicts[d["verdict_paper"]] = verdicts.get(d["verdict_paper"], 0) + 1
-        judged = [d["correct"] for d in records if d["correct"] is not None]
-        out[kind] = {"n": len(records), "n_judged": len(judged), "expected": EXPECTED[kind], "verdicts": verdicts,
-                     "correct": int(sum(judged)) if judged else None,
-                     "rate": float(np.mean(judged)) if judged else None}
-    return out
-
 
 def benchmark(cases: Sequence[BenchmarkCase], settings: BenchmarkSettings = BenchmarkSettings(), device: str = "cpu",
               dtype: str = DEFAULT_DTYPE, progress: bool = True, quick: bool = False) -> dict:
@@ -871,7 +611,3 @@ def benchmark(cases: Sequence[BenchmarkCase], settings: BenchmarkSettings = Benc
     }
 
 
-def report_fingerprint(report: dict) -> str:
-    """SHA-256 of the report without its runtime: equal for a resumed and an uninterrupted run."""
-    body = {k: v for k, v in report.items() if k != "runtime"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()

@@ -22,6 +22,8 @@ p+1, duplicate key p.
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from dataclasses import dataclass
 from numbers import Integral
 from typing import Any, ClassVar, Mapping
@@ -175,6 +177,25 @@ class TwoHopSpec(_PlantedSpec):
         return PatchPair(clean, torch.from_numpy(corrupted), torch.from_numpy(g.copy()), spec)
 
 
+MAX_KNOWN_EXAMPLES = 4096  # pairs a circuit.json task may ask for (HeadLab's known models use 64): built at once in memory
+MAX_KNOWN_SEQ_LEN = 4096
+
+
+def _check_record_counts(cls: type, record: Mapping[str, Any]) -> None:
+    """Refuse, before anything is built, an integer field of a task record that is not a JSON whole number (from_json
+    would truncate 2.5 to 2) and a pair count or length over its bound (1e9 pairs would be built at once)."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        value = record.get(f.name)
+        if hints.get(f.name) is int and f.name in record and (isinstance(value, bool) or not isinstance(value, int)):
+            raise HeadLabError(f"the {record.get('task')} task record's {f.name} is {value!r}, not a whole number; "
+                               "fix the circuit.json or rebuild the model (python -m core known --build NAME).")
+    for name, most in (("n_examples", MAX_KNOWN_EXAMPLES), ("seq_len", MAX_KNOWN_SEQ_LEN)):
+        if isinstance(record.get(name), int) and record[name] > most:
+            raise HeadLabError(f"the {record.get('task')} task record's {name} is {record[name]}, over its bound of "
+                               f"{most} (the pairs are built at once in memory); fix the circuit.json.")
+
+
 KNOWN_TASKS: dict[str, type] = {"known-induction": SwapInductionSpec, "known-twohop": TwoHopSpec}
 
 
@@ -185,6 +206,7 @@ def known_task(record: Mapping[str, Any]) -> _PlantedSpec:
     cls = KNOWN_TASKS.get(record.get("task"))
     if cls is None:
         raise HeadLabError(f"known-circuit task {record.get('task')!r} is unknown; use one of {', '.join(KNOWN_TASKS)}.")
+    _check_record_counts(cls, record)
     try:
         return cls.from_json(record)
     except (KeyError, TypeError, ValueError) as exc:

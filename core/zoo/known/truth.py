@@ -127,6 +127,9 @@ class KnownCircuit(JsonResult):
                                f"does not run; use one of {', '.join(ABLATIONS)}.")
         if self.metric not in CIRCUIT_METRICS:
             raise HeadLabError(f"known circuit {self.name!r} is scored by {self.metric!r}; use one of {', '.join(CIRCUIT_METRICS)}.")
+        if not len(self.heads):
+            raise HeadLabError(f"known circuit {self.name!r} names no heads; a known circuit has at least one true head "
+                               f"(fix the circuit.json or rebuild the model: {BUILD_HINT} {self.name}).")
         overlap = set(self.heads) & set(self.distractors)
         if overlap:
             raise HeadLabError(f"known circuit {self.name!r} lists {HeadSet(tuple(overlap))} both as circuit heads and as "
@@ -224,6 +227,8 @@ def _from_record(data: Any, where: str) -> KnownCircuit:
         bounds = {str(k): float(v) for k, v in (data.get("bounds") or {}).items()}
     except (TypeError, ValueError):
         raise HeadLabError(f"{where}: bounds must map names to numbers.") from None
+    if data.get("task"):
+        known_task(data["task"])  # its counts checked as it is read, not when a reader first builds the pairs
     return KnownCircuit(
         name=str(data["name"]), kind=str(data["kind"]),
         heads=_heads(data["heads"], "heads", where),
@@ -282,6 +287,9 @@ def read_circuit(folder_or_ref: Path | str | ModelRef, n_layers: int | None = No
     """
     folder = model_folder(folder_or_ref)
     path = folder / CIRCUIT_FILE
+    if path.exists() and not path.is_file():
+        raise HeadLabError(f"{path} is a folder (or another non-file) where the model's {CIRCUIT_FILE} belongs; "
+                           f"remove it and rebuild the model ({BUILD_HINT} {folder.name}).")
     if not path.is_file():
         from core.zoo.known import KNOWN_MODELS  # the registry imports this module
 
