@@ -10,6 +10,8 @@ M_{e patched} - M_clean ~= (source_s - clean_s) . dM/d(input of r), summed over 
 and d_model, for every edge s -> r at once. EAP-IG [Hanna et al. 2024, "EAP-IG-inputs" in MIB]
 averages that gradient over `ig_steps` runs whose embeddings lie on the straight line from the
 corrupted run's to the clean run's (alpha = k / ig_steps, k = 1..ig_steps), so ig_steps = 1 is EAP.
+MIB's code (hannamw/EAP-IG, get_scores_eap_ig) takes k = 0..ig_steps-1 instead, the corrupted end in and
+the clean end out: `ig_rule="left"` (IG_RULES); both are Riemann sums of the same path integral.
 """
 
 from __future__ import annotations
@@ -21,11 +23,11 @@ import numpy as np
 import torch
 
 from core.ablation.edges.graph import EdgeGraph
-from core.ablation.edges.runs import (EdgeChunk, EdgeHooks, EdgeSettings, check_edge_model, edge_chunks, edge_values,
-                                      removed_matrix, removed_run_values, run_values)
+from core.ablation.edges.runs import (EdgeChunk, EdgeHooks, EdgeSettings, check_edge_model, edge_chunks,
+                                      edge_query_logits, edge_values, removed_matrix, removed_run_values, run_values)
 from core.ablation.patching.attribution import float32_weights
 from core.ablation.patching.paths import split_qkv_inputs
-from core.ablation.patching.runs import GRADIENT_METRICS, query_logits
+from core.ablation.patching.runs import GRADIENT_METRICS
 from core.errors import HeadLabError
 from core.model.hooks import model_dtype
 from core.model.loading import dtype_name
@@ -33,6 +35,8 @@ from core.results import JsonResult, provenance
 from core.tasks.counterfactual import PatchPair
 
 METHODS = ("eap", "eap-ig", "acdc")
+IG_RULES = {"right": "alpha = k / steps, k = 1..steps (the clean end in: 1 step is EAP)",
+            "left": "alpha = k / steps, k = 0..steps-1 (MIB's EAP-IG-inputs code: the corrupted end in)"}
 Progress = Callable[[int, int], None]
 
 
@@ -88,31 +92,38 @@ def check_ig_steps(ig_steps: int) -> int:
 
 def _gradient_pass(model: Any, graph: EdgeGraph, chunk: EdgeChunk, metric: str, alpha: float | None) -> tuple[np.ndarray, float]:
     """One forward + backward of the clean prompts: (sum over pairs of (source - clean) . grad, [sender, receiver];
-    sum of the metric). alpha: EAP-IG's point on the corrupted -> clean line of the embeddings (None: the clean run)."""
+    sum of the metric). alpha: EAP-IG's point on the corrupted -> clean line of the embeddings (None: the clean run).
+
+    The products are taken inside the backward, one matrix product per layer as its receivers' gradients
+    arrive (EdgeHooks), in float32 (float64 would double the memory of both factors at Pythia's shape);
+    the sums across chunks and interpolation steps are float64."""
     source_embed = chunk.source_acts[0]
 
     def interpolate(x: torch.Tensor) -> torch.Tensor:
         return source_embed.to(x.dtype) + alpha * (x - source_embed.to(x.dtype))
 
-    hooks = EdgeHooks(model, graph, with_leaves=True, embed_override=None if alpha is None else interpolate)
-    with torch.enable_grad(), split_qkv_inputs(model):
-        logits_q = query_logits(model, chunk.tokens, chunk.query, hooks.hooks(), chunk.attention_mask)
-        values = edge_values(logits_q, chunk, metric)
-        names = list(hooks.leaves)
-        grads = torch.autograd.grad(values.sum(), [hooks.leaves[n] for n in names], allow_unused=True)
-    grad_of = {n: g for n, g in zip(names, grads) if g is not None}
-    # float32 products (float64 would double the memory of both factors at Pythia's shape); sums across
-    # chunks and interpolation steps are float64
     diff = (chunk.source_acts - chunk.clean_acts).float()  # [sender, row, pos, d_model]
-    out = np.zeros(graph.mask.shape)
-    for receivers, grad in hooks.leaf_grads(grad_of):  # grad: [row, pos, receiver, d_model]
-        out[:, receivers] = torch.einsum("sbpm,bprm->sr", diff, grad.float()).double().cpu().numpy()
-    return out * graph.mask, float(values.detach().double().sum())
+    hooks = EdgeHooks(model, graph, embed_override=None if alpha is None else interpolate, score_diff=diff)
+    with torch.enable_grad(), split_qkv_inputs(model):
+        logits_q = edge_query_logits(model, chunk.tokens, chunk.query, hooks.hooks(), chunk.attention_mask)
+        values = edge_values(logits_q, chunk, metric)
+        torch.autograd.grad(values.sum(), [hooks.embed_input])  # the receivers' gradients go to the scores on the way
+    return hooks.finish_scores().double().cpu().numpy(), float(values.detach().double().sum())
+
+
+def ig_alphas(ig_steps: int, rule: str = "right") -> list[float]:
+    """EAP-IG's points on the corrupted (0) -> clean (1) line of the embeddings, by IG_RULES[rule]."""
+    steps = check_ig_steps(ig_steps)
+    if rule not in IG_RULES:
+        raise HeadLabError(f"EAP-IG rule {rule!r} is unknown; use one of {', '.join(IG_RULES)}.")
+    first = 1 if rule == "right" else 0
+    return [k / steps for k in range(first, first + steps)]
 
 
 def edge_attribution(model: Any, pair: PatchPair, settings: EdgeSettings = EdgeSettings(), ig_steps: int | None = None,
-                     progress: Progress | None = None) -> EdgeScores:
-    """Every edge's importance to first order: EAP (ig_steps None) or EAP-IG over ig_steps interpolations.
+                     progress: Progress | None = None, ig_rule: str = "right") -> EdgeScores:
+    """Every edge's importance to first order: EAP (ig_steps None) or EAP-IG over ig_steps interpolations
+    placed by ig_rule (IG_RULES).
 
     Runs in float32 whatever the model's dtype. progress(done, total) counts gradient passes.
     """
@@ -123,8 +134,7 @@ def edge_attribution(model: Any, pair: PatchPair, settings: EdgeSettings = EdgeS
     if settings.metric == "kl" and ig_steps is None:
         raise HeadLabError("the KL to the clean output has zero gradient at the clean run, so EAP would score every edge 0; "
                            "use --metric logit_diff, or --method eap-ig (its gradients are taken between the runs).")
-    alphas: Sequence[float | None] = [None] if ig_steps is None else [k / check_ig_steps(ig_steps)
-                                                                      for k in range(1, check_ig_steps(ig_steps) + 1)]
+    alphas: Sequence[float | None] = [None] if ig_steps is None else ig_alphas(ig_steps, ig_rule)
     with float32_weights(model):
         chunks, gap_record = edge_chunks(model, pair, settings, graph, grad=True)
         values = run_values(model, graph, chunks, settings.metric)
@@ -141,8 +151,9 @@ def edge_attribution(model: Any, pair: PatchPair, settings: EdgeSettings = EdgeS
     mean_change = total[senders, receivers] / pair.n_examples  # [edge]: estimated M_patched - M_clean
     gap = values.clean - values.corrupted
     method = "eap" if ig_steps is None else "eap-ig"
-    extra = {} if ig_steps is None else {"ig_steps": int(ig_steps), "interpolation": "embeddings, corrupted -> clean"}
-    return EdgeScores(method, settings.metric, values.clean, values.corrupted, tuple(str(e) for e in graph.edges),
+    extra = {} if ig_steps is None else {"ig_steps": int(ig_steps), "interpolation": "embeddings, corrupted -> clean",
+                                          **({} if ig_rule == "right" else {"ig_rule": ig_rule})}
+    return EdgeScores(method, settings.metric, values.clean, values.corrupted, graph.edge_texts,
                       -mean_change / gap, graph.summary(),
                       {"forward": len(chunks) * (3 + len(alphas)), "backward": n_passes},
                       {**settings.to_json(), **extra}, edge_provenance(model, pair, graph, settings, method, **extra),
@@ -172,7 +183,7 @@ def edge_patching_each(model: Any, pair: PatchPair, settings: EdgeSettings = Edg
             if progress is not None and (done % 64 == 0 or done == total):
                 progress(done, total)
     importance = 1.0 - np.asarray(values.score(sums / pair.n_examples))
-    return EdgeScores("brute force", settings.metric, values.clean, values.corrupted, tuple(str(e) for e in graph.edges),
+    return EdgeScores("brute force", settings.metric, values.clean, values.corrupted, graph.edge_texts,
                       importance, graph.summary(), {"forward": len(chunks) * (3 + graph.n_edges), "backward": 0},
                       {**settings.to_json(), "scale": float(scale)},
                       edge_provenance(model, pair, graph, settings, "brute force", scale=float(scale)), gap=gap_record)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any, Iterable
 
 import numpy as np
@@ -149,6 +149,18 @@ class EdgeGraph:
         return tuple(out)
 
     @cached_property
+    def edge_texts(self) -> tuple[str, ...]:
+        """Every edge's text ("L0H1->L1H0.k"), in `edges` order, built without the Edge objects (123k on SmolLM2)."""
+        senders, receivers = self.edge_index
+        return tuple(f"{self.senders[i]}->{self.receivers[j]}" for i, j in zip(senders.tolist(), receivers.tolist()))
+
+    @cached_property
+    def reach(self) -> np.ndarray:
+        """[receiver] int: how many senders (a prefix of `senders`, forward order) reach each receiver."""
+        last = np.where(self.mask.any(axis=0), self.mask.shape[0] - np.argmax(self.mask[::-1], axis=0), 0)
+        return last.astype(np.int64)
+
+    @cached_property
     def edge_index(self) -> tuple[np.ndarray, np.ndarray]:
         """(sender index [edge], receiver index [edge]) into senders / receivers."""
         senders, receivers = np.nonzero(self.mask)
@@ -245,12 +257,19 @@ class EdgeGraph:
                 "receivers": len(self.receivers), "edges": self.n_edges, "edges_into": into}
 
 
+@lru_cache(maxsize=16)
+def _shared_graph(n_layers: int, n_heads: int, parallel_attn_mlp: bool, attn_only: bool,
+                  n_key_value_heads: int | None) -> EdgeGraph:
+    """One EdgeGraph per shape, so its cached edges, texts and mask are built once per process, not per call."""
+    return EdgeGraph(n_layers, n_heads, parallel_attn_mlp, attn_only, n_key_value_heads)
+
+
 def edge_graph_of(model: Any) -> EdgeGraph:
     """The edge graph of a loaded bridge (its cfg: n_layers, n_heads, parallel_attn_mlp, attn_only)."""
     cfg = model.cfg
     n_kv = getattr(cfg, "n_key_value_heads", None)
-    return EdgeGraph(int(cfg.n_layers), int(cfg.n_heads), bool(getattr(cfg, "parallel_attn_mlp", False)),
-                     bool(getattr(cfg, "attn_only", False)), None if n_kv is None else int(n_kv))
+    return _shared_graph(int(cfg.n_layers), int(cfg.n_heads), bool(getattr(cfg, "parallel_attn_mlp", False)),
+                         bool(getattr(cfg, "attn_only", False)), None if n_kv is None else int(n_kv))
 
 
 def edge_graph_of_config(hf_config: Any) -> EdgeGraph:

@@ -23,20 +23,21 @@ scored) edges take the corrupted run's sender outputs ("resample"), or their mea
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
-from core.ablation.edges.graph import LOGITS, EdgeGraph, edge_graph_of, edge_graph_of_config
+from core.ablation.edges.graph import HEAD_INPUTS, LOGITS, EdgeGraph, edge_graph_of, edge_graph_of_config
 from core.ablation.patching.paths import split_qkv_inputs
 from core.ablation.patching.runs import (PATCH_METRICS, PatchSettings, check_pair_fits, checked_gap, metric_values,
                                          query_logits)
 from core.errors import HeadLabError
-from core.model.hooks import head_output_weights, hook_name, mlp_hook_name, model_device, model_shape
+from core.model.hooks import head_output_weights, hook_name, mask_kwargs, mlp_hook_name, model_device, model_shape
 from core.model.memory import (SAFETY_FRACTION, ForwardShape, chunk_size_for, estimate_memory_bytes, forward_bytes,
-                               memory_budget)
+                               lean_forward, memory_budget)
 from core.results import JsonResult
 from core.stats.patching import normalized_score
 from core.tasks.counterfactual import PatchPair
@@ -106,36 +107,53 @@ class EdgeChunk:
 
 
 class EdgeHooks:
-    """The hooks of one forward: record every sender's output, and (optionally) on each receiver's input
-    add the patch of its removed edges and / or a zero leaf whose gradient is the metric's gradient there.
+    """The hooks of one forward: record every sender's output, and (optionally) add on each receiver's input the
+    patch of its removed edges, and / or take the metric's gradient there straight into edge scores.
 
     removed: [sender, receiver] bool tensor or None (no patch); source: [sender, row, pos, d_model], what a
-    removed edge carries; with_leaves: keep a zero leaf per receiver hook (`leaves`, for gradients);
-    embed_override: a function of the embeddings [row, pos, d_model] (EAP-IG's interpolation); scale:
-    the fraction of each removed edge's patch applied (1: the whole patch; small: a first-order probe).
+    removed edge carries; embed_override: a function of the embeddings [row, pos, d_model] (EAP-IG's
+    interpolation); scale: the fraction of each removed edge's patch applied (1: the whole patch; small: a
+    first-order probe); score_diff: [sender, row, pos, d_model] or None, (source - clean) for EAP: the forward
+    then needs grad from `embed_input` and the backward fills `scores` [sender, receiver] (below).
+
+    Why it is laid out so (a real model has ~300 senders and ~840 receivers): a patched forward keeps one
+    buffer of every sender's (source - current) [sender, row * pos * d_model], filled as the senders are
+    computed, and each layer's q, k and v patches come out of one matrix product with the removed-edge
+    matrix; the gradient of each receiver input is multiplied into score_diff as the backward reaches it
+    (sum over row, pos, d_model of diff_s * grad_r, one matrix product per layer) and then dropped, so
+    neither all receivers' gradients nor per-receiver stacks of senders are ever held.
     """
 
     def __init__(self, model: Any, graph: EdgeGraph, removed: torch.Tensor | None = None,
-                 source: torch.Tensor | None = None, with_leaves: bool = False,
-                 embed_override: Callable[[torch.Tensor], torch.Tensor] | None = None, scale: float = 1.0):
+                 source: torch.Tensor | None = None, embed_override: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 scale: float = 1.0, score_diff: torch.Tensor | None = None):
         self.graph, self.removed, self.source, self.scale = graph, removed, source, float(scale)
-        self.with_leaves, self.embed_override = with_leaves, embed_override
+        self.embed_override = embed_override
         self.w_o = head_output_weights(model)  # [layer, head, d_head, d_model]
         self.post_norms = post_attention_norms(model)  # per layer: (gain [d_model], eps) or None
-        self.mlp_names = [mlp_hook_name(model, l) for l in range(graph.n_layers)] if not graph.attn_only else []
+        self.mlp_names = mlp_output_hooks(model, graph.n_layers) if not graph.attn_only else []
         self.current: dict[int, torch.Tensor] = {}  # sender index -> its output [row, pos, d_model] in this forward
-        self.leaves: dict[str, torch.Tensor] = {}  # hook name -> zero leaf
         self.sender_at = {name: i for i, name in enumerate(graph.senders)}
         self.receiver_at = {name: j for j, name in enumerate(graph.receivers)}
-        # the senders reaching receiver j are a prefix of graph.senders (forward order)
-        mask = graph.mask
-        self.reach = [int(np.nonzero(mask[:, j])[0].max()) + 1 if mask[:, j].any() else 0 for j in range(mask.shape[1])]
+        self.reach = graph.reach.tolist()  # the senders reaching receiver j are a prefix of graph.senders
+        self.patch_buffer: torch.Tensor | None = None  # [sender, row * pos * d_model]: source - current, filled up to
+        self.filled = 0  # ... this many senders
+        self.layer_patch: dict[int, tuple[list[int], torch.Tensor | None]] = {}  # layer -> (receivers, [r, row, pos, d])
+        self.score_diff = None if score_diff is None else score_diff.reshape(score_diff.shape[0], -1)  # [sender, K]
+        self.scores = None if score_diff is None else torch.zeros(graph.mask.shape, dtype=score_diff.dtype,
+                                                                  device=score_diff.device)  # [sender, receiver]
+        self.embed_input: torch.Tensor | None = None  # the tensor the gradient is taken to (score_diff given)
+        self.pending: dict[int, list[tuple[list[int], torch.Tensor]]] = {}  # layer -> gradients [r, K] not yet used
+        self.expected = [3 + (0 if graph.attn_only else 1) for _ in range(graph.n_layers)] + [1]  # gradients per group
 
     # --------------------------------------------------------------------------------- senders
 
     def _embed(self, x, hook=None):
         if self.embed_override is not None:
             x = self.embed_override(x)
+        if self.score_diff is not None:
+            x = x.detach().requires_grad_(True)
+            self.embed_input = x
         self.current[0] = x
         return x
 
@@ -170,60 +188,133 @@ class EdgeHooks:
             return x
         return hook
 
-    # --------------------------------------------------------------------------------- receivers
+    # --------------------------------------------------------------------------------- receivers: patches
 
-    def _delta(self, receivers: Sequence[int]) -> torch.Tensor | None:
+    def _fill(self, prefix: int, like: torch.Tensor) -> torch.Tensor:
+        """The patch buffer [sender, K] with rows < prefix holding source - current (senders seen so far)."""
+        if self.patch_buffer is None:
+            self.patch_buffer = torch.zeros(len(self.graph.senders), self.source[0].numel(),
+                                            dtype=torch.promote_types(self.source.dtype, like.dtype), device=like.device)
+        for s in range(self.filled, prefix):
+            self.patch_buffer[s] = (self.source[s] - self.current[s]).reshape(-1)
+        self.filled = max(self.filled, prefix)
+        return self.patch_buffer
+
+    def _delta(self, receivers: Sequence[int], like: torch.Tensor) -> torch.Tensor | None:
         """The patch of `receivers`' removed edges: [receiver, row, pos, d_model], or None when none is removed."""
         if self.removed is None:
             return None
         prefix = max(self.reach[j] for j in receivers)
         chosen = self.removed[:prefix, list(receivers)]  # [sender, receiver]
-        if not bool(chosen.any()):
+        active = torch.nonzero(chosen.any(dim=1)).flatten()
+        if active.numel() == 0:
             return None
-        senders = torch.nonzero(chosen.any(dim=1)).flatten().tolist()
-        diff = torch.stack([self.source[s] - self.current[s] for s in senders])  # [sender, row, pos, d_model]
-        return self.scale * torch.einsum("sbpm,sr->rbpm", diff, chosen[senders].to(diff.dtype))
+        buffer = self._fill(prefix, like)
+        if 2 * active.numel() >= prefix:  # most senders: one product over the whole prefix
+            diff, weights = buffer[:prefix], chosen
+        else:  # a few (one edge at a time): only their rows
+            diff, weights = buffer.index_select(0, active), chosen.index_select(0, active)
+        delta = weights.to(diff.dtype).T @ diff  # [receiver, K]
+        if self.scale != 1.0:
+            delta = self.scale * delta
+        return delta.reshape((len(receivers),) + tuple(self.source.shape[1:]))
 
-    def _leaf(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        if not self.with_leaves:
+    def _layer_delta(self, layer: int, component: str, like: torch.Tensor) -> torch.Tensor | None:
+        """One component's patch [head, row, pos, d_model], the layer's q, k and v computed together (no sender
+        is added between the three hooks)."""
+        if layer not in self.layer_patch:
+            receivers = [self.receiver_at[f"L{layer}H{h}.{c}"] for c in HEAD_INPUTS for h in range(self.graph.n_heads)]
+            self.layer_patch[layer] = (receivers, self._delta(receivers, like))
+        _, delta = self.layer_patch[layer]
+        if delta is None:
+            return None
+        n = self.graph.n_heads
+        index = HEAD_INPUTS.index(component)
+        return delta[index * n:(index + 1) * n]
+
+    # --------------------------------------------------------------------------------- receivers: gradients
+
+    def _watch(self, group: int, receivers: list[int], x: torch.Tensor) -> torch.Tensor:
+        """Score the gradient reaching x ([row, pos, receiver, d_model], or [row, pos, d_model] for one receiver)
+        when the backward gets there: grouped per layer, one product with score_diff per group."""
+        if self.score_diff is None or not x.requires_grad:
             return x
-        leaf = torch.zeros_like(x, requires_grad=True)
-        self.leaves[name] = leaf
-        return x + leaf
+        x = x.view_as(x)  # a node of its own: its gradient is this input's alone (ln2's input is also the residual)
+
+        def on_grad(grad):
+            grad = grad if grad.dim() == 4 else grad[:, :, None]
+            flat = grad.permute(2, 0, 1, 3).reshape(len(receivers), -1).to(self.score_diff.dtype)  # [receiver, K]
+            self.pending.setdefault(group, []).append((receivers, flat))
+            if len(self.pending[group]) == self.expected[group]:
+                self._score(group)
+            return None
+
+        x.register_hook(on_grad)
+        return x
+
+    def _score(self, group: int) -> None:
+        """scores[:, receivers] = score_diff . gradient for a group's gradients (senders beyond the reach left 0)."""
+        parts = self.pending.pop(group, [])
+        if not parts:
+            return
+        receivers = [j for r, _ in parts for j in r]
+        grads = torch.cat([g for _, g in parts])  # [receiver, K]
+        prefix = max(self.reach[j] for j in receivers)
+        self.scores[:prefix, receivers] = self.score_diff[:prefix] @ grads.T
+
+    def finish_scores(self) -> torch.Tensor:
+        """After the backward: score any group not complete (a receiver the metric did not reach); [sender, receiver]
+        float, zero off the edges."""
+        for group in list(self.pending):
+            self._score(group)
+        return self.scores * torch.from_numpy(self.graph.mask).to(self.scores.device)
+
+    # --------------------------------------------------------------------------------- hooks
 
     def _head_inputs(self, layer: int, component: str):
         receivers = [self.receiver_at[f"L{layer}H{h}.{component}"] for h in range(self.graph.n_heads)]
         name = hook_name(f"{component}_input", layer)
 
         def hook(x, hook=None):  # x: [row, pos, head, d_model]
-            delta = self._delta(receivers)
+            delta = self._layer_delta(layer, component, x)
             if delta is not None:
                 x = x + delta.permute(1, 2, 0, 3).to(x.dtype)
-            return self._leaf(name, x)
+            return self._watch(layer, receivers, x)
         return name, hook
 
-    def _single_input(self, receiver: str, name: str):
+    def _single_input(self, receiver: str, name: str, group: int):
         j = self.receiver_at[receiver]
 
         def hook(x, hook=None):  # x: [row, pos, d_model]
-            delta = self._delta([j])
+            delta = self._delta([j], x)
             if delta is not None:
                 x = x + delta[0].to(x.dtype)
-            return self._leaf(name, x)
+            return self._watch(group, [j], x)
         return name, hook
+
+    def sender_hooks(self) -> list[Hook]:
+        """The hooks that record the senders' outputs only (no split q/k/v inputs needed)."""
+        out: list[Hook] = [(hook_name("resid_pre", 0), self._embed)]
+        for layer in range(self.graph.n_layers):
+            out.append((hook_name("z", layer), self._heads(layer)))
+            if self.post_norms[layer] is not None:
+                out.append((post_attention_hook(layer), self._post_norm(layer)))
+            if not self.graph.attn_only:
+                out.append((self.mlp_names[layer], self._mlp(layer)))
+        return out
 
     def hooks(self) -> list[Hook]:
         """Every hook, senders and receivers (the forward must run under split_qkv_inputs)."""
         out: list[Hook] = [(hook_name("resid_pre", 0), self._embed)]
         for layer in range(self.graph.n_layers):
-            out += [self._head_inputs(layer, c) for c in ("q", "k", "v")]
+            out += [self._head_inputs(layer, c) for c in HEAD_INPUTS]
             out.append((hook_name("z", layer), self._heads(layer)))
             if self.post_norms[layer] is not None:
                 out.append((post_attention_hook(layer), self._post_norm(layer)))
             if not self.graph.attn_only:
-                out.append(self._single_input(f"MLP{layer}", mlp_input_hook(layer)))
+                out.append(self._single_input(f"MLP{layer}", mlp_input_hook(layer), layer))
                 out.append((self.mlp_names[layer], self._mlp(layer)))
-        out.append(self._single_input(LOGITS, FINAL_INPUT_HOOK))
+        out.append(self._single_input(LOGITS, FINAL_INPUT_HOOK, self.graph.n_layers))
         return out
 
     def stacked(self) -> torch.Tensor:
@@ -233,18 +324,6 @@ class EdgeHooks:
             raise HeadLabError(f"the output of {missing[0]} was never seen: this model's hooks do not match HeadLab's "
                                "edge graph (it needs a TransformerBridge with hook_z and MLP output hooks).")
         return torch.stack([self.current[i] for i in range(len(self.graph.senders))])
-
-    def leaf_grads(self, grads: dict[str, torch.Tensor]) -> Iterator[tuple[list[int], torch.Tensor]]:
-        """(receiver indices, gradient [row, pos, receiver, d_model]) for each receiver hook, from {hook name: grad}."""
-        for layer in range(self.graph.n_layers):
-            for c in ("q", "k", "v"):
-                name = hook_name(f"{c}_input", layer)
-                if name in grads:
-                    yield [self.receiver_at[f"L{layer}H{h}.{c}"] for h in range(self.graph.n_heads)], grads[name]
-            if not self.graph.attn_only and mlp_input_hook(layer) in grads:
-                yield [self.receiver_at[f"MLP{layer}"]], grads[mlp_input_hook(layer)][:, :, None]
-        if FINAL_INPUT_HOOK in grads:
-            yield [self.receiver_at[LOGITS]], grads[FINAL_INPUT_HOOK][:, :, None]
 
 
 FINAL_INPUT_HOOK = "ln_final.hook_in"  # [row, pos, d_model], the last residual before the final norm
@@ -286,6 +365,33 @@ def post_norm_scales(x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.T
     """gain / rms(x) per position, float32 [row, pos, d_model]: RMSNorm(x) == x * this, so it splits among x's parts."""
     inverse_rms = torch.rsqrt(x.detach().float().pow(2).mean(dim=-1, keepdim=True) + eps)
     return inverse_rms * gain
+
+
+_HOOK_NAMES: "weakref.WeakKeyDictionary[Any, frozenset[str]]" = weakref.WeakKeyDictionary()
+
+
+def bridge_hook_names(model: Any) -> frozenset[str]:
+    """The names of a model's hooks, read once per model: each read of a bridge's hook_dict rebuilds its alias
+    table (~16 ms on SmolLM2), and an edge run asks for them in every forward."""
+    try:
+        return _HOOK_NAMES[model]
+    except (KeyError, TypeError):
+        names = frozenset(getattr(model, "hook_dict", {}))
+        try:
+            _HOOK_NAMES[model] = names
+        except TypeError:  # not weakly referable: read every time
+            pass
+        return names
+
+
+def mlp_output_hooks(model: Any, n_layers: int) -> list[str]:
+    """Each layer's MLP output hook (core.model.hooks.mlp_hook_name's choice), the hook names read once."""
+    names = bridge_hook_names(model)
+    out = []
+    for layer in range(n_layers):
+        found = [hook_name(kind, layer) for kind in ("mlp_out", "mlp_module_out") if hook_name(kind, layer) in names]
+        out.append(found[0] if found else mlp_hook_name(model, layer))  # mlp_hook_name says what is missing
+    return out
 
 
 def mlp_input_hook(layer: int) -> str:
@@ -383,13 +489,33 @@ def check_edge_run_fits(config: Any, seq_len: int, dtype: torch.dtype, grad: boo
     return weights + one_pair
 
 
+def edge_query_logits(model: Any, tokens: torch.Tensor, query: torch.Tensor, hooks: Sequence[Hook],
+                      attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """One forward of tokens [row, pos] with `hooks`, unembedding only each row's query position: [row, vocab].
+
+    Every edge metric is read at the query, so the other positions' logits (row x pos x vocab, with a 262k
+    vocabulary the largest tensor of the forward, and its backward) are never made; where the model has no
+    unembed input hook the full logits are sliced instead."""
+    if hook_name("unembed_in") not in bridge_hook_names(model):
+        return query_logits(model, tokens, query, hooks, attention_mask)
+    rows = torch.arange(tokens.shape[0], device=tokens.device)
+
+    def query_rows(resid, hook=None):  # [row, pos, d_model] -> [row, 1, d_model]
+        return resid[rows, query][:, None, :]
+
+    with lean_forward(model):
+        logits = model.run_with_hooks(tokens, fwd_hooks=list(hooks) + [(hook_name("unembed_in"), query_rows)],
+                                      **mask_kwargs(attention_mask))  # [row, 1, vocab]
+    return logits[:, 0]
+
+
 @torch.no_grad()
 def _record(model: Any, graph: EdgeGraph, tokens: torch.Tensor, query: torch.Tensor,
             mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """One plain forward: (query logits [row, vocab], sender outputs [sender, row, pos, d_model])."""
+    """One plain forward (no per-head inputs: nothing is patched): (query logits [row, vocab], sender outputs
+    [sender, row, pos, d_model])."""
     hooks = EdgeHooks(model, graph)
-    with split_qkv_inputs(model):
-        logits_q = query_logits(model, tokens, query, hooks.hooks(), mask)
+    logits_q = edge_query_logits(model, tokens, query, hooks.sender_hooks(), mask)
     return logits_q, hooks.stacked()
 
 
@@ -429,7 +555,7 @@ def removed_run_values(model: Any, graph: EdgeGraph, chunk: EdgeChunk, removed: 
     """The clean run with the `removed` edges ([sender, receiver] bool) carrying the source: metric [row]."""
     hooks = EdgeHooks(model, graph, removed=removed, source=chunk.source_acts, scale=scale)
     with split_qkv_inputs(model):
-        logits_q = query_logits(model, chunk.tokens, chunk.query, hooks.hooks(), chunk.attention_mask)
+        logits_q = edge_query_logits(model, chunk.tokens, chunk.query, hooks.hooks(), chunk.attention_mask)
     return edge_values(logits_q, chunk, metric)
 
 
