@@ -13,6 +13,7 @@ import errno
 import io
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -189,6 +190,16 @@ CLI_CASES = [  # (id, argv with {tmp} for a scratch folder holding a-file, what 
     ("study --skip unknown stage", ["study", MODEL, "--task", "ioi", "--skip", "acdc"], "--skip acdc: unknown stage"),
     ("study --skip with --task induction", ["study", MODEL, "--task", "induction", "--skip", "roles"],
      "--skip names IOI stages"),
+    # issue 41 item 3: a flag that pads nothing, counts with a bound and a cost (edges)
+    ("edges --padding with --known-task", ["edges", MODEL, "--known-task", "--padding", "left"],
+     "--padding pads the prompts of --probe-file; --known-task's pairs come from the model's circuit.json"),
+    ("edges --padding without --probe-file", ["edges", MODEL, *SMALL, "--padding", "right"],
+     "--padding pads the prompts of --probe-file; the built-in induction pairs"),
+    ("edges --ig-steps 1e8", ["edges", MODEL, *SMALL, "--method", "eap-ig", "--ig-steps", "1e8"],
+     "--ig-steps is 100000000, over its bound of 1000: each step is one forward and one backward pass"),
+    ("edges --controls 1e8", ["edges", MODEL, *SMALL, "--controls", "1e8"],
+     "--controls is 100000000, over its bound of 1000: each matched-random edge set is one patched forward"),
+    ("edges --ig-steps 2.5", ["edges", MODEL, *SMALL, "--method", "eap-ig", "--ig-steps", "2.5"], "'2.5' is not a whole number"),
 ]
 IDS = list(range(1, 11))  # a prompt of ten byte tokens, the query's token 10 never seen before
 
@@ -872,3 +883,48 @@ def test_a_folder_where_a_benchmark_cache_file_belongs_is_named_as_such(home):
         with pytest.raises(HeadLabError, match="is a folder where a benchmark cache file belongs") as info:
             bench.cached_item(case, "scores/x", {}, lambda: {"method": "m"})
     assert "space" not in str(info.value)
+
+
+def test_edges_say_what_ig_steps_and_controls_cost_before_the_model_loads(home, capsys, monkeypatch):
+    def not_loaded(*args, **kwargs):
+        raise HeadLabError("stopped before the model loaded")
+
+    monkeypatch.setattr("core.pipelines.edges.load_model", not_loaded)
+    status = main(["edges", MODEL, *SMALL, "--method", "eap-ig", "--ig-steps", "50", "--controls", "100"])
+    out, err = capsys.readouterr()
+    assert status == 2 and err == "error: stopped before the model loaded\n"
+    assert ("cost: EAP-IG scores at 50 steps: 53 forward and 50 backward; faithfulness curve at 10 sizes: 13 forward; "
+            "100 matched-random edge sets: 104 forward; in all 170 forward and 50 backward") in out
+
+
+@pytest.mark.parametrize("edit, says", [
+    ({"heads": [], "roles": {}, "edges": []}, "names no heads"),
+    ({"task": "n_examples=2.5"}, "task record's n_examples is 2.5, not a whole number"),
+    ({"task": "n_examples=1000000000"}, "n_examples is 1000000000, over its bound of 4096"),
+    (None, "is a folder (or another non-file) where the model's circuit.json belongs"),
+])
+def test_every_reader_of_circuit_json_refuses_what_the_benchmark_refuses(home, capsys, edit, says):
+    """known, edges --known-task, the graph page's known_circuit and the benchmark all read through read_circuit."""
+    from core.pipelines.benchmark import known_case
+    from core.zoo.known import KNOWN_MODELS, known_circuit
+
+    name = "known-induction-neox"
+    KNOWN_MODELS[name](progress=False)
+    path = home / "zoo" / name / "circuit.json"
+    record = json.loads(path.read_text())
+    path.unlink()
+    if edit is None:
+        path.mkdir()
+    else:
+        if "task" in edit:
+            key, value = edit["task"].split("=")
+            edit = {"task": {**record["task"], key: float(value) if "." in value else int(value)}}
+        path.write_text(json.dumps({**record, **edit}))
+    for read in (lambda: known_circuit(name), lambda: known_case(name)):
+        with pytest.raises(HeadLabError, match=re.escape(says)):
+            read()
+    status, err = run_cli(["edges", name, "--known-task"], capsys)
+    assert status == 2 and says in err
+    assert main(["known"]) == 0
+    out = capsys.readouterr().out
+    assert f"{name:28s} handwired broken" in out and f"rebuild it with python -m core known --build {name}" in out

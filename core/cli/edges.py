@@ -26,7 +26,8 @@ def add_edges_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--method", choices=METHODS, default="eap",
                         help="eap: gradient x activation difference, one forward and backward per batch (default); "
                              "eap-ig: the gradient integrated over --ig-steps interpolations; acdc: greedy pruning")
-    parser.add_argument("--ig-steps", type=int, default=5, help="EAP-IG interpolation steps (default 5)")
+    parser.add_argument("--ig-steps", type=whole_number, default=5,
+                        help="EAP-IG interpolation steps (default 5; each is a forward and backward pass; at most 1000)")
     parser.add_argument("--threshold", type=float, default=None,
                         help="ACDC: the distance increase below which an edge is removed (default 0.01; >= 0)")
     parser.add_argument("--metric", choices=EDGE_METRICS, default="logit_diff",
@@ -34,7 +35,8 @@ def add_edges_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replacement", choices=REPLACEMENTS, default="resample",
                         help="what a patched edge carries: the corrupted run's sender output (default) or its mean")
     parser.add_argument("--top", type=int, default=20, help="edges listed, and the set tested for EAP / EAP-IG (default 20)")
-    parser.add_argument("--controls", type=int, default=20, help="matched-random edge sets (default 20; 0: none)")
+    parser.add_argument("--controls", type=whole_number, default=20,
+                        help="matched-random edge sets (default 20; 0: none; each is a forward pass; at most 1000)")
     parser.add_argument("--control-seed", type=seed_arg, default=123)
     parser.add_argument("--no-curve", action="store_true", help="skip the faithfulness curve")
     parser.add_argument("--known-task", action="store_true",
@@ -49,7 +51,19 @@ def add_edges_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-small-gap", action="store_true",
                         help="keep (flagged) pairs whose clean-corrupted gap is reversed or under 2 standard errors")
     add_probe_file_arguments(parser, "prompt, target, corrupted_prompt, optional corrupted_target, query_pos")
+    parser.set_defaults(padding=None)  # None: left out, so a --padding that pads nothing can be named (right when read)
     add_probe_spec_arguments(parser)
+
+
+def whole_number(text: str) -> int:
+    """argparse type of a count: "200" or "1e8" (so an absurd count reaches its bound's message), never "2.5"."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+    return int(value)
 
 
 def cli_edges(args: argparse.Namespace) -> dict:
@@ -64,6 +78,10 @@ def cli_edges(args: argparse.Namespace) -> dict:
         return summary
     if args.known_task and args.probe_file is not None:
         raise HeadLabError("--known-task and --probe-file both name the pairs; give one of them.")
+    if args.padding is not None and args.probe_file is None:
+        source = ("--known-task's pairs come from the model's circuit.json, all of one length" if args.known_task
+                  else f"the built-in {args.task} pairs are all of one length")
+        raise HeadLabError(f"--padding pads the prompts of --probe-file; {source}, so leave --padding out.")
     if args.probe_file is None and args.task not in PAIR_TASKS and not args.known_task:
         raise HeadLabError("edges has built-in counterfactuals for the induction and ioi tasks only; use --task induction "
                            "or --task ioi, or give your own clean/corrupted pairs with --probe-file.")
@@ -77,7 +95,7 @@ def cli_edges(args: argparse.Namespace) -> dict:
     if args.known_task:
         pairs = known_task(known_circuit(args.model, args.revision).task)
     elif args.probe_file is not None:
-        pairs = read_probe_file(args.probe_file, padding=args.padding)
+        pairs = read_probe_file(args.probe_file, padding=args.padding or "right")
     else:
         pairs = built_in_pairs(args)
     bar = {"stage": None, "tqdm": None}
@@ -90,9 +108,11 @@ def cli_edges(args: argparse.Namespace) -> dict:
         bar["tqdm"].n = done
         bar["tqdm"].refresh()
 
+    ref = ModelRef.parse(args.model)
+    graph = edge_graph_of_config(load_config(ref, resolve_checkpoint(ref, args.revision).revision))
+    print(plan.cost_line(graph.n_edges), flush=True)  # before the model loads: what --ig-steps and --controls cost
     try:
-        report = edges_model(ModelRef.parse(args.model), args.revision, pairs, settings, plan, args.device, args.dtype,
-                             progress)
+        report = edges_model(ref, args.revision, pairs, settings, plan, args.device, args.dtype, progress)
     finally:
         if bar["tqdm"] is not None:
             bar["tqdm"].close()

@@ -29,6 +29,9 @@ from core.results import JsonResult
 from core.tasks.counterfactual import InductionCounterfactualSpec, PatchPair
 from core.tasks.probe_file import ProbeFile
 
+# upper bounds on the counts a user sets, with what each unit costs (checked before any model is loaded)
+MAX_IG_STEPS = 1_000  # EAP-IG converges in tens of steps (MIB uses 5-50); each step is one forward and backward pass
+MAX_EDGE_CONTROLS = 1_000  # p resolves to 1/1001 at the bound; each set is one patched forward over the pairs
 SCORE_FLOOR = 1e-6  # of the largest |score|: below it an EAP / EAP-IG score is rounding, not a discovered edge
 # progress(stage, done, total): stage is "scores", "curve" or "controls"
 StageProgress = Callable[[str, int, int], None]
@@ -61,8 +64,41 @@ class EdgePlan(JsonResult):
         object.__setattr__(self, "fractions", tuple(float(f) for f in self.fractions))
         if int(self.top) < 1:
             raise HeadLabError(f"--top is {self.top}; keep at least one edge.")
-        if int(self.n_controls) < 0:
+        if int(self.n_controls) != self.n_controls or int(self.n_controls) < 0:
             raise HeadLabError(f"--controls is {self.n_controls}; use 0 (none) or more random edge sets.")
+        object.__setattr__(self, "n_controls", int(self.n_controls))
+        if self.ig_steps > MAX_IG_STEPS:
+            raise HeadLabError(f"--ig-steps is {self.ig_steps}, over its bound of {MAX_IG_STEPS}: each step is one "
+                               "forward and one backward pass over every pair (EAP takes one of each), and the "
+                               f"integral settles within tens of steps; use at most {MAX_IG_STEPS}.")
+        if self.n_controls > MAX_EDGE_CONTROLS:
+            raise HeadLabError(f"--controls is {self.n_controls}, over its bound of {MAX_EDGE_CONTROLS}: each "
+                               "matched-random edge set is one patched forward over every pair, and p resolves to "
+                               f"1/{MAX_EDGE_CONTROLS + 1} at the bound; use at most {MAX_EDGE_CONTROLS}.")
+
+    def passes(self, n_edges: int) -> dict[str, tuple[int, int]]:
+        """stage -> (forward, backward) passes per batch of pairs the plan will run, on a graph of n_edges edges (ACDC:
+        at most one forward per edge, the most it can test). Counted as core.ablation.edges runs them: each stage
+        first runs the clean and the corrupted prompts and the every-edge-patched run."""
+        scores = {"eap": (4, 1), "eap-ig": (3 + self.ig_steps, self.ig_steps), "acdc": (4 + int(n_edges), 0)}
+        stages = {"scores": scores[self.method]}
+        if self.curve:
+            stages["curve"] = (3 + len(self.fractions), 0)
+        if self.n_controls:
+            stages["controls"] = (4 + self.n_controls, 0)
+        return stages
+
+    def cost_line(self, n_edges: int) -> str:
+        """What the run will cost, said before it starts: passes per batch of pairs for each stage, and in all."""
+        passes = self.passes(n_edges)
+        what = {"scores": {"eap": "EAP scores", "eap-ig": f"EAP-IG scores at {self.ig_steps} steps",
+                           "acdc": f"ACDC over {n_edges} edges (at most)"}[self.method],
+                "curve": f"faithfulness curve at {len(self.fractions)} sizes",
+                "controls": f"{self.n_controls} matched-random edge sets"}
+        parts = [f"{what[stage]}: {f} forward" + (f" and {b} backward" if b else "") for stage, (f, b) in passes.items()]
+        forward, backward = (sum(p[i] for p in passes.values()) for i in (0, 1))
+        return (f"cost: {'; '.join(parts)}; in all {forward} forward and {backward} backward passes per batch of pairs "
+                f"({forward + 2 * backward} forward-pass equivalents, EAP scores alone take 6).")
 
 
 @dataclass(frozen=True, eq=False)
