@@ -117,6 +117,10 @@ def _write_synced(path: Path, data: bytes) -> None:
 
 def _unwritable(final: Path, exc: OSError) -> HeadLabError:
     cache = final.parents[2]  # <cache>/<kind>/<shard>/<digest>
+    blocker = next((p for p in (cache, final.parents[1], final.parent) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:  # not a full disk nor a read-only folder: a file sits where a cache folder belongs
+        return HeadLabError(f"cannot write a cache entry: {blocker} is a file where a cache folder belongs; move that "
+                            "file away and rerun (nothing was left half-written).")
     return HeadLabError(
         f"cannot write a cache entry under {cache} ({exc.strerror or exc}); free disk space, make that folder "
         "writable or raise the file-size limit, or set HEADLAB_HOME to a folder you can write "
@@ -228,8 +232,9 @@ def _discard_corrupt(key: str, folder: Path, reason: str) -> None:
 
 
 def has_entry(key: str) -> bool:
-    """Whether an entry is in place: entries appear whole, by an atomic rename (a corrupt one is caught by load_entry)."""
-    return entry_path(key).is_dir()
+    """Whether a whole entry is in place, checked as load_entry checks it (its meta.json, key, SHA-256 and tensors): a
+    truncated or hand-edited entry is reported, removed and counted absent, so nothing calls it "cached"."""
+    return entry_path(key).exists() and load_entry(key) is not None
 
 
 def load_entry(key: str) -> Optional[tuple[dict[str, torch.Tensor], dict]]:

@@ -928,3 +928,32 @@ def test_every_reader_of_circuit_json_refuses_what_the_benchmark_refuses(home, c
     assert main(["known"]) == 0
     out = capsys.readouterr().out
     assert f"{name:28s} handwired broken" in out and f"rebuild it with python -m core known --build {name}" in out
+
+
+@pytest.mark.parametrize("blocked", ["kind", "shard"])
+def test_a_file_where_a_cache_folder_belongs_is_named_not_called_a_full_disk(home, blocked):
+    key = _key()
+    where = entry_path(key).parent if blocked == "shard" else entry_path(key).parents[1]
+    where.parent.mkdir(parents=True, exist_ok=True)
+    where.write_text("not a folder")
+    computed = []
+    with pytest.raises(HeadLabError, match=f"{re.escape(str(where))} is a file where a cache folder belongs") as info:
+        get_or_compute(key, lambda: computed.append(1) or (_tensors(), {}))
+    assert "space" not in str(info.value) and computed == []  # refused before the work
+
+
+def test_probe_never_says_cached_for_a_truncated_or_garbage_entry(home, capsys):
+    def status_line() -> str:  # "tiny-neox step0000010: computed", printed once the sweep is done
+        out, err = capsys.readouterr()
+        return [line for line in (out + err).splitlines() if line.startswith(f"{MODEL} step")][-1]
+
+    assert main(["probe", MODEL, *SMALL]) == 0
+    assert status_line().endswith(": computed")
+    for damage in (lambda data: data[: len(data) // 2], lambda data: b"garbage" * 10):
+        entry = next((home / "cache").rglob(store.TENSORS_FILE))
+        entry.write_bytes(damage(entry.read_bytes()))
+        with pytest.warns(CorruptCacheEntryWarning, match="does not match its recorded SHA-256"):
+            assert main(["probe", MODEL, *SMALL]) == 0
+        assert status_line().endswith(": computed")  # recomputed, not "cached"
+    assert main(["probe", MODEL, *SMALL]) == 0
+    assert status_line().endswith(": cached")  # a whole entry still is
