@@ -76,6 +76,21 @@ def test_eap_ig_with_one_step_is_eap_and_more_steps_change_it(tiny):
     assert five.passes["backward"] == 5 * one.passes["backward"]
 
 
+def test_eap_ig_of_the_embedding_edges_adds_up_to_the_measured_gap_under_both_rules(tiny):
+    """Completeness, against the two measured runs: the embeddings reach the model only through their edges, so
+    the path integral of those edges' scores from the corrupted to the clean embeddings is the whole gap (sum 1
+    in gap units). HeadLab's rule (clean end in) and MIB's (corrupted end in) are Riemann sums of it from either
+    side; their mean is the trapezoid rule, exact to second order. A wrong path (endpoints, direction) fails."""
+    model, pair = tiny
+    embed = np.array([e.startswith("embed->") for e in edge_attribution(model, pair, SMALL_GAP).edges])
+    right, left = (edge_attribution(model, pair, SMALL_GAP, ig_steps=16, ig_rule=r).scores[embed].sum()
+                   for r in ("right", "left"))
+    assert abs(right - 1) < 0.08 and abs(left - 1) < 0.08 and (right - 1) * (left - 1) < 0
+    assert (right + left) / 2 == pytest.approx(1.0, abs=0.005)
+    with pytest.raises(HeadLabError, match="rule 'middle' is unknown"):
+        edge_attribution(model, pair, SMALL_GAP, ig_steps=2, ig_rule="middle")
+
+
 def test_acdc_keeps_exactly_what_brute_force_keeps_on_a_hand_wired_circuit(induction_circuit):
     model, pair, circuit, _ = induction_circuit
     each = edge_patching_each(model, pair)
