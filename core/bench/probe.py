@@ -29,9 +29,18 @@ def _chunked(batch, chunk_size: int, device):
 
 
 def bare_pass(model, batch, chunk_size: int = 64, device="cpu") -> None:
-    """A forward over the batch with no hooks (the cost floor), as lean as the instrumented pass (no KV cache, no kept patterns)."""
-    with torch.inference_mode(), lean_forward(model):
-        for _, tokens, _ in _chunked(batch, chunk_size, device):
+    """A forward over the batch with no statistics (the cost floor) doing what the instrumented pass must do and no
+    more: as lean (no KV cache, no kept patterns), and unembedding only each row's query position, as
+    collect_head_stats does (full-vocabulary logits at every position were most of a real model's bare forward)."""
+    state = {}
+
+    def query_row(resid, hook):  # [batch, pos, d_model] -> [batch, 1, d_model]
+        return resid[torch.arange(resid.shape[0], device=resid.device), state["q"]][:, None, :]
+
+    hooks = [(hook_name("unembed_in"), query_row)] if hook_name("unembed_in") in model.hook_dict else []
+    with torch.inference_mode(), lean_forward(model), model.hooks(fwd_hooks=hooks):
+        for _, tokens, q in _chunked(batch, chunk_size, device):
+            state["q"] = q
             model(tokens)
 
 

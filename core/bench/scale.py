@@ -9,6 +9,16 @@ what the weights learned) and probes it with the reference batch (N = 2000, T = 
   allocated CUDA memory on a GPU;
 - `ablation_speedup`: the recipe's conditions (candidate, 20 matched-random draws, upper bound)
   through the ablation engine against a naive loop of one full forward per condition.
+- `eap_over_forward_backward`, `eap_ig_over_forward_backward`: EAP and EAP-IG (`ig_steps`) over every
+  edge of the graph, end to end (the clean and corrupted runs, the gradient passes, the scores), against
+  one bare forward and backward of the same pairs' clean prompts (`edge_pairs` pairs: IOI's ABC pairs on a
+  model with a real tokenizer, the induction counterfactual on the random shape). The bare backward takes
+  the metric's gradient to the activations and every weight, as a training step does
+  (`forward_backward_s`); `forward_input_backward_s` and the `..._over_forward_input_backward` ratios
+  use the stricter floor of a backward to the activations alone (no weight gradients: EAP needs none).
+  Both bare passes unembed only the query row, as the edge runs do.
+The bare forward of `instrumented_over_bare` unembeds only the query row as the instrumented pass does
+(core.bench.probe.bare_pass): full-vocabulary logits at every position were extra work the pass never does.
 On these CPUs one bare pass over the full reference batch takes tens of minutes, so `--n` scales N
 down (the JSON says which N was used); on a GPU run it at the full N with `--device cuda --dtype float16`.
 `--model smollm2-135m` runs the same measurements on a zoo model's real weights instead (e.g. SmolLM2-135M,
@@ -18,20 +28,31 @@ down (the JSON says which N was used); on a GPU run it at the full N with `--dev
 from __future__ import annotations
 
 import resource
+import statistics
 import sys
+import time
+from typing import Any, Callable
 
 import torch
 
+from core.ablation.edges import EdgeSettings, edge_attribution, edge_graph_of
+from core.ablation.edges.runs import edge_query_logits
+from core.ablation.patching.runs import metric_values
 from core.bench.ablation import matched_conditions, random_bridge, time_conditions
 from core.bench.probe import bench_probe
 from core.heads import HeadSet
-from core.model.hooks import model_dtype, model_shape
+from core.model.hooks import hook_name, model_dtype, model_shape
 from core.model.loading import dtype_name, load_model
-from core.model.refs import ModelRef, resolve_checkpoint
+from core.model.refs import ModelRef, checkpoint_path, resolve_checkpoint
+from core.tasks.counterfactual import InductionCounterfactualSpec, PatchPair
 from core.tasks.induction import reference_probe_spec
+from core.tasks.ioi import IoiCounterfactualSpec, ioi_spec
+from core.tasks.specs import probe_spec
+from core.tasks.tokens import tokenizer_of_folder
 from core.zoo.presets import PYTHIA_SHAPES
 from core.zoo.train import build_hf_config
 
+EDGE_SEQ_LEN = 32  # the induction counterfactual's length on the random shape (IOI prompts have their own)
 
 
 def bench_selection(n_layers: int, n_heads: int) -> HeadSet:
@@ -49,16 +70,97 @@ def peak_memory_bytes(device: torch.device) -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
+def edge_pairs_for(model: Any, ref: ModelRef | None, revision: str | None, n_pairs: int) -> PatchPair:
+    """The edge bench's pairs: IOI's ABC pairs on a model with its own tokenizer, else the induction counterfactual."""
+    tokenizer = None if ref is None else tokenizer_of_folder(checkpoint_path(ref, revision), local=ref.kind != "hub",
+                                                              revision=revision)
+    if tokenizer is not None:
+        return IoiCounterfactualSpec(ioi_spec(tokenizer, int(n_pairs)), "abc", 0).build()
+    vocab = int(model.cfg.d_vocab)
+    spec = probe_spec("induction", int(n_pairs), EDGE_SEQ_LEN, token_low=min(100, vocab // 2), token_high=min(10000, vocab))
+    return InductionCounterfactualSpec(spec, seed=0).build()
+
+
+def bare_forward_backward(model: Any, pair: PatchPair, weights: bool) -> None:
+    """One forward of the pairs' clean prompts (logits at the query only) and the backward of the summed metric:
+    to the activations and every weight (weights True, a training step's gradient) or to the activations alone."""
+    device = next(model.parameters()).device
+    tokens, query = pair.clean.tokens.to(device), pair.clean.query_pos.to(device)
+    target = pair.clean.target.to(device)
+    other = None if pair.corrupted_target is None else pair.corrupted_target.to(device)
+    saved = [p.requires_grad for p in model.parameters()]
+    embed: dict[str, torch.Tensor] = {}
+
+    def keep_embed(x, hook=None):  # the gradient's end when no weight takes one
+        embed["x"] = x.detach().requires_grad_(True)
+        return embed["x"]
+
+    try:
+        for p in model.parameters():
+            p.requires_grad_(weights)
+        with torch.enable_grad():
+            logits_q = edge_query_logits(model, tokens, query, [] if weights else [(hook_name("resid_pre", 0), keep_embed)])
+            total = metric_values(logits_q, target, other, "logit_diff").sum()
+            if weights:
+                total.backward()
+            else:
+                torch.autograd.grad(total, [embed["x"]])
+    finally:
+        model.zero_grad(set_to_none=True)
+        for p, flag in zip(model.parameters(), saved):
+            p.requires_grad_(flag)
+
+
+def _median_times(runs: dict[str, Callable[[], Any]], repeats: int, device: torch.device) -> dict[str, float]:
+    """Median wall seconds of each run, interleaved over `repeats` rounds after one warm-up round."""
+    for fn in runs.values():
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    for _ in range(max(1, int(repeats))):
+        for key, fn in runs.items():
+            start = time.perf_counter()
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times[key].append(time.perf_counter() - start)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def bench_edge_scale(model: Any, pair: PatchPair, repeats: int = 1, ig_steps: int = 5) -> dict:
+    """EAP and EAP-IG over every edge against one bare forward + backward of the same pairs (module docstring)."""
+    device = next(model.parameters()).device
+    settings = EdgeSettings(allow_small_gap=True)  # a timing: a random shape's pairs have no gap to keep
+    med = _median_times({
+        "forward_backward_s": lambda: bare_forward_backward(model, pair, weights=True),
+        "forward_input_backward_s": lambda: bare_forward_backward(model, pair, weights=False),
+        "eap_s": lambda: edge_attribution(model, pair, settings),
+        "eap_ig_s": lambda: edge_attribution(model, pair, settings, ig_steps=ig_steps),
+    }, repeats, device)
+    graph = edge_graph_of(model)
+    return {
+        "edge_pairs": pair.n_examples, "edge_seq_len": pair.seq_len, "edge_task": str(pair.spec.get("task", "")),
+        "edges": graph.n_edges, "ig_steps": int(ig_steps), **med,
+        "eap_over_forward_backward": med["eap_s"] / med["forward_backward_s"],
+        "eap_ig_over_forward_backward": med["eap_ig_s"] / med["forward_backward_s"],
+        "eap_over_forward_input_backward": med["eap_s"] / med["forward_input_backward_s"],
+        "eap_ig_over_forward_input_backward": med["eap_ig_s"] / med["forward_input_backward_s"],
+    }
+
+
 def bench_scale(n_examples: int, shape: str = "pythia-160m", repeats: int = 1, chunk_size: int = 16,
-                n_controls: int = 20, device: str = "cpu", dtype: str = "float32", model_name: str | None = None) -> dict:
+                n_controls: int = 20, device: str = "cpu", dtype: str = "float32", model_name: str | None = None,
+                edge_pairs: int = 8, ig_steps: int = 5) -> dict:
     """Instrumented vs bare pass and engine vs naive ablation at `shape` (or on zoo model `model_name`'s
-    real weights) on the reference batch (first N)."""
+    real weights) on the reference batch (first N); EAP and EAP-IG vs a forward + backward on `edge_pairs`
+    pairs (0: left out)."""
+    ref = revision = None
     if model_name is None:
         model = random_bridge(build_hf_config(PYTHIA_SHAPES[shape]), seed=0, device=device, dtype=dtype)
         vocab = PYTHIA_SHAPES[shape].vocab_size
     else:
         ref = ModelRef.parse(model_name)
-        model = load_model(ref, resolve_checkpoint(ref, None).revision, device=device, dtype=dtype)
+        revision = resolve_checkpoint(ref, None).revision
+        model = load_model(ref, revision, device=device, dtype=dtype)
         shape, vocab = f"{ref.name} (real weights)", int(model.cfg.d_vocab)
     device = torch.device(device)
     if device.type == "cuda":
@@ -70,6 +172,8 @@ def bench_scale(n_examples: int, shape: str = "pythia-160m", repeats: int = 1, c
     selection = bench_selection(n_layers, n_heads)
     conditions = matched_conditions(selection, n_layers, n_heads, n_controls)
     ablation = time_conditions(model, batch, conditions, repeats=repeats)
+    edges = {} if int(edge_pairs) < 1 else bench_edge_scale(model, edge_pairs_for(model, ref, revision, edge_pairs),
+                                                             repeats, ig_steps)
     peak = peak_memory_bytes(device)
     return {
         "shape": shape, "n_layers": n_layers, "n_heads": n_heads, "d_model": int(model.cfg.d_model),
@@ -78,8 +182,10 @@ def bench_scale(n_examples: int, shape: str = "pythia-160m", repeats: int = 1, c
         "threads": torch.get_num_threads(), "repeats": repeats,
         "bare_s": probe["bare_s"], "instrumented_s": probe["instrumented_s"],
         "instrumented_over_bare": probe["overhead_ratio"],
+        "bare_pass": "forward, no KV cache, no kept patterns, logits at each row's query position only",
         "peak_memory_bytes": peak, "peak_memory_gib": round(peak / 2**30, 3),
         "ablation_naive_s": ablation["naive_s"], "ablation_engine_s": ablation["engine_s"],
         "ablation_speedup": ablation["speedup"], "ablation_max_metric_diff": ablation["max_metric_diff"],
         "ablation_conditions": ablation["n_conditions"], "selection": str(selection), "ablation_notes": ablation["notes"],
+        **edges,
     }
