@@ -179,6 +179,8 @@ CLI_CASES = [  # (id, argv with {tmp} for a scratch folder holding a-file, what 
     ("bench dtype --pairs 0", ["bench", "dtype", "--models", MODEL, "--pairs", "0"], "--pairs is 0; give a whole number"),
     ("bench ablation --threads 0", ["bench", "ablation", "--threads", "0"], "--threads is 0; give a whole number"),
     ("bench scale --n 0", ["bench", "scale", "--n", "0"], "--n, --repeats, --chunk-size and --controls take whole numbers"),
+    ("bench scale --edge-pairs -1", ["bench", "scale", "--edge-pairs", "-1"], "--edge-pairs takes a whole number of pairs"),
+    ("bench scale --ig-steps 0", ["bench", "scale", "--ig-steps", "0"], "--edge-pairs takes a whole number of pairs"),
     # issue 42: study
     ("study --task unknown", ["study", MODEL, "--task", "greater-than"], "invalid choice: 'greater-than'"),
     ("study --n 0", ["study", MODEL, "--task", "induction", "--n", "0"], "study n is 0; give a whole number of 1 or more"),

@@ -323,6 +323,9 @@ def add_bench_scale_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=1, help="timed repeats; medians are reported (default 1)")
     parser.add_argument("--chunk-size", type=int, default=16, help="probe examples per forward (default 16)")
     parser.add_argument("--controls", type=int, default=20, help="matched-random draws (default 20)")
+    parser.add_argument("--edge-pairs", type=int, default=8,
+                        help="pairs for EAP / EAP-IG over every edge vs a forward + backward (default 8; 0 skips)")
+    parser.add_argument("--ig-steps", type=int, default=5, help="EAP-IG interpolation steps (default 5)")
     add_device_arguments(parser)
 
 
@@ -330,7 +333,10 @@ def cli_bench_scale(args: argparse.Namespace) -> dict:
     n = args.n if args.n is not None else (2000 if args.device.startswith("cuda") else 16)
     if n < 1 or args.repeats < 1 or args.chunk_size < 1 or args.controls < 1:
         raise HeadLabError("--n, --repeats, --chunk-size and --controls take whole numbers of at least 1.")
-    r = bench_scale(n, args.shape, args.repeats, args.chunk_size, args.controls, args.device, args.dtype, args.model)
+    if args.edge_pairs < 0 or args.ig_steps < 1:
+        raise HeadLabError("--edge-pairs takes a whole number of pairs (0 skips the edge timing) and --ig-steps at least 1.")
+    r = bench_scale(n, args.shape, args.repeats, args.chunk_size, args.controls, args.device, args.dtype, args.model,
+                    args.edge_pairs, args.ig_steps)
     print(f"scale bench: {r['shape']} ({r['n_layers']} x {r['n_heads']} heads, d_model {r['d_model']}, vocab {r['vocab']}), "
           f"reference batch N={r['n_examples']} of {r['reference_n_examples']}, T={r['seq_len']}; {r['dtype']} on {r['device']}")
     print(f"  bare forward {r['bare_s']:.2f} s, instrumented {r['instrumented_s']:.2f} s: "
@@ -338,6 +344,12 @@ def cli_bench_scale(args: argparse.Namespace) -> dict:
     print(f"  ablation, {r['ablation_conditions']} conditions: naive {r['ablation_naive_s']:.2f} s, "
           f"engine {r['ablation_engine_s']:.2f} s: {r['ablation_speedup']:.2f}x (target >= 2x); "
           f"max metric difference {r['ablation_max_metric_diff']:.1e}")
+    if "eap_s" in r:
+        print(f"  edges ({r['edges']}, {r['edge_pairs']} pairs of {r['edge_seq_len']} tokens): forward + backward "
+              f"{r['forward_backward_s']:.2f} s (to the activations alone {r['forward_input_backward_s']:.2f} s); "
+              f"EAP {r['eap_s']:.2f} s: {r['eap_over_forward_backward']:.2f}x (target <= 3x), "
+              f"{r['eap_over_forward_input_backward']:.2f}x the activations-only backward; EAP-IG ({r['ig_steps']} steps) "
+              f"{r['eap_ig_s']:.2f} s: {r['eap_ig_over_forward_backward']:.2f}x")
     print(f"  peak memory {r['peak_memory_bytes'] / 2**30:.2f} GiB")
     return r
 
