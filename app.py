@@ -34,6 +34,7 @@ PAGES = [
     st.Page("pages/graph.py", title="Circuit graph", icon=":material/account_tree:", url_path="graph"),
     st.Page("pages/dynamics.py", title="Training dynamics", icon=":material/timeline:", url_path="dynamics"),
     st.Page("pages/benchmark.py", title="Benchmark", icon=":material/leaderboard:", url_path="benchmark"),
+    st.Page("pages/real_models.py", title="Real models", icon=":material/public:", url_path="real-models"),
 ]
 
 

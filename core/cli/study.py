@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import numpy as np
+
 from core.cli.probe import add_device_arguments, seed_arg
 from core.errors import HeadLabError
 from core.executor import ProgressBar
@@ -188,8 +190,13 @@ def ioi_markdown(report: dict) -> list[str]:
             f = dict(zip(record["fractions"], record["faithfulness"]))
             out.append(f"| {name} | {record['n_edges_kept'][-1]} | {record['cpr']:.3f} | {record['cmd']:.3f} | "
                        f"{_f(f.get(0.001))} / {_f(f.get(0.01))} / {_f(f.get(0.1))} |")
-    out += ["", f"Areas: {MIB_SOURCE}. MIB's published IOI figures are for other models (GPT-2 small, Qwen2.5-0.5B) "
-            "and are not quoted here until checked against MIB's paper.", ""]
+    out += ["", f"Areas: {MIB_SOURCE}.", ""]
+    mib = ioi.get("mib_context")
+    if mib:
+        cpr, rnd = mib["eap_ig_inputs_cpr"], mib["random_cpr"]
+        out += [f"Context, other models: MIB's IOI figures for {mib['models']}: EAP-IG-inputs CPR {cpr['gpt2-small']:.2f}"
+                f" / {cpr['qwen2.5-0.5b']:.2f}, random-edge CPR {rnd['gpt2-small']:.2f} / {rnd['qwen2.5-0.5b']:.2f}. "
+                f"Status: {mib['status']}.", ""]
     c = ioi.get("edges_eap-ig", {}).get("controls")
     if c:
         s = c["stats"]
@@ -211,18 +218,93 @@ def ioi_markdown(report: dict) -> list[str]:
                f"mover = the same with the effect <= -{t['effect_share']}; S-inhibition = END attends to S2 >= "
                f"{t['attention']} with a smaller direct effect; induction / duplicate-token (at S2, to S1+1 / S1) and "
                f"previous-token (at S1+1, to S1) >= {t['pattern']}.")
-    out += ["", "| head | role | attn END->IO | END->S2 | S2->S1 | S2->S1+1 | S1+1->S1 | direct effect | copy |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    out += ["", "| head | role | attn END->IO | END->S2 | S2->S1 | S2->S1+1 | S1+1->S1 | direct effect | copy | "
+            "negative copy |", "|---|---|---|---|---|---|---|---|---|---|"]
     out += [f"| {row['head']} | {row['role']} | {row['attn_io']:.2f} | {row['attn_s2']:.2f} | {row['attn_duplicate']:.2f}"
             f" | {row['attn_induction']:.2f} | {row['attn_previous']:.2f} | {row['direct_effect']:+.3f} | "
-            f"{row['copy_score']:.2f} |" for row in r["table"]]
+            f"{row['copy_score']:.2f} | {_f(row.get('neg_copy_score'), 2)} |" for row in r["table"]]
     out += [f"- note: {n}" for n in r["notes"]]
-    best_copy = max(max(row) for row in r["copy_score"])
-    if best_copy < t["copy"]:
-        out.append(f"- note: no head's OV circuit copies names by this test (the largest copy score is {best_copy:.2f}): "
-                   "it sends the bare token embedding through the layer's input norm, without the first MLP that Wang "
-                   "et al. add, so the name-mover labels, which need copying, do not fire; read the direct effects.")
+    if r.get("copy_input"):
+        out.append(f"- copy score input: {r['copy_input']}.")
+    copy = np.asarray(r["copy_score"])
+    best = np.unravel_index(int(np.argmax(copy)), copy.shape)
+    out.append(f"- the largest copy score is {copy[best]:.2f} (L{best[0]}H{best[1]}); {int((copy >= t['copy']).sum())} "
+               f"heads copy at least {t['copy']} of the names.")
     out.append("")
+    return out + circuit_markdown(ioi)
+
+
+def _stats_cells(stats: dict) -> str:
+    return (f"{_f(stats.get('control_mean'))} +- {_f(stats.get('control_std'))} | {stats.get('rank')} of "
+            f"{stats.get('n_controls', 0) + 1} | {_f(stats.get('p'))}")
+
+
+def disposer_markdown(ioi: dict) -> list[str]:
+    out = []
+    for method, label in (("eap", "EAP"), ("eap-ig", "EAP-IG")):
+        d = ioi.get(f"disposer_{method}")
+        if not d:
+            continue
+        out += [f"**{label}'s discovered circuit** ({len(d['heads'])} heads of its top edges: {_heads(d['heads'])})."]
+        if d.get("not_tested"):
+            out += [f"Not tested: {d['not_tested']}.", ""]
+            continue
+        a, loss = d["ablation"], d["ablation"]["summary"]["metrics"].get("loss", {})
+        p = d["patching"]
+        out += [f"Against {a['summary']['n_controls']} {d['controls']} random head groups"
+                f"{' (' + d['controls_note'] + ')' if d['controls_note'] else ''}:", "",
+                "| test | full model | circuit's heads ablated | controls' mean +- sd | rank | p |", "|---|---|---|---|---|---|",
+                f"| zero ablation, IO loss at END | {_f(a['loss_clean'])} | {_f(a['loss_ablated'])} | "
+                f"{_f(loss.get('control_mean'))} (delta) | {loss.get('rank')} | {_f(loss.get('p'))} |",
+                f"| patched from the ABC prompts, logit difference left (clean 1, ABC 0) | 1 | {_f(p['score'])} | "
+                f"{_stats_cells(p['stats'])} |", ""]
+        out += [f"- verdict **{k}**: {v['label']} ({v['rule']})" for k, v in a["summary"]["verdicts"].items()]
+        out += [f"- patching verdict: {p['verdict']}", ""]
+    return (["### The disposer on the discovered circuits", ""] + out) if out else []
+
+
+def circuit_markdown(ioi: dict) -> list[str]:
+    """The circuit stages (core/pipelines/study_circuit.py): disposer, path patching, proposers, [HHG], ACDC."""
+    out = disposer_markdown(ioi)
+    paths = ioi.get("paths")
+    if paths:
+        out += ["### Path patching into the top heads' q, k and v", "",
+                f"Denoising ({paths['metric']}): {paths['meaning']}; the senders against matched-random sender groups "
+                "in the same layers.", "",
+                "| receiver | input | senders | score | controls' mean +- sd | rank | p |", "|---|---|---|---|---|---|---|"]
+        out += [f"| {r['receiver']} | {r['component']} | {_heads(r['senders'])} ({r['senders_chosen']}) | "
+                f"{_f(r['score'])} | {_stats_cells(r['stats'])} |" for r in paths["rows"]]
+        out += [f"- note: {n}" for n in paths["notes"]] + [""]
+    prop = ioi.get("proposers")
+    if prop:
+        out += ["### The proposers on the IOI prompts", "",
+                f"Each proposal ({prop['size']} heads where a size is chosen) zero-ablated on the clean prompts against "
+                f"{prop['n_controls']} {prop['controls']} random head groups; closure rules of METHODS.md.", "",
+                "| proposer | heads | verdict (paper) | verdict (reference) | IO loss delta | z | why |",
+                "|---|---|---|---|---|---|---|"]
+        out += [f"| {r['method']} | {r['heads'] or 'none'} | {r['verdict (paper)']} | {r['verdict (reference)']} | "
+                f"{_f(r.get('delta loss'))} | {_f(r.get('z loss'), 2)} | {r['rationale']} |" for r in prop["rows"]]
+        out.append("")
+    hhg = ioi.get("gradient_vs_causal")
+    if hhg:
+        out += ["### Gradient vs causal ranks ([HHG]) on IOI", "",
+                f"G: {hhg['gradient_measure']}; C: {hhg['causal']}. Over the {hhg['n_heads']} heads, Spearman rho "
+                f"**{_f(hhg['spearman'])}** (p {_f(hhg['spearman_p'])}); with [HHG]'s rank threshold "
+                f"{hhg['threshold']:g}, {hhg['n_heroes']} hidden heroes (small gradient, large effect) and "
+                f"{hhg['n_bloats']} gradient bloats. Largest:", "",
+                "| class | head | d = rank G - rank C | G | C |", "|---|---|---|---|---|"]
+        out += [f"| {kind} | {name} | {d:+.0f} | {g:.3g} | {c:+.3f} |"
+                for kind, rows in (("hero", hhg["heroes"][:5]), ("bloat", hhg["bloats"][:5])) for name, d, g, c in rows]
+        out += ["- note: heads only ([HHG] also ranks the MLPs); with 270 heads a rank gap of 6 is small, so read rho "
+                "and the largest gaps.", ""]
+    acdc = ioi.get("acdc_cost")
+    if acdc:
+        out += ["### ACDC", "",
+                f"Not run: it tests the {acdc['n_edges']} edges one at a time, {acdc['forwards_per_edge']} patched "
+                f"forward over the {acdc['n_pairs']} pairs per edge, and one such forward took "
+                f"{acdc['seconds_per_trial']:.2f} s here (median of {len(acdc['trial_seconds'])}), so ACDC would take up "
+                f"to about **{acdc['estimated_hours']:.1f} h** (edges x seconds per forward; edges of dead nodes are "
+                "removed without a forward, so somewhat less).", ""]
     return out
 
 
@@ -264,9 +346,9 @@ def not_measured(report: dict) -> list[str]:
     if report["task"] == "ioi":
         lines += [f"stage {name} (left out with --skip: it did not fit the time of this run)"
                   for name in report["ioi"].get("skipped", [])]
-        lines += ["path patching into the top heads' q, k and v", "ACDC (its cost on this graph was not measured)",
-                  "the proposers (co-activation, gradient) and [HHG]'s gradient-vs-causal ranks on the IOI task",
-                  "the S-inhibition rule's causal half (its output lowering name movers' attention to S)"]
+        lines += ["ACDC itself (its measured cost is above)" if "acdc_cost" in report["ioi"] else "ACDC",
+                  "the S-inhibition rule's causal half (its output lowering name movers' attention to S); path "
+                  "patching above measures what the S-inhibition heads send into the top heads' inputs"]
     else:
         lines += ["the candidate ablated on the one-shot probe, and the previous-token circuit's own ablation"]
     return lines

@@ -160,7 +160,10 @@ def probe_gradient_magnitudes(hf_model: Any, tokens: torch.Tensor, query_pos: to
 
 
 def spectral_proposal(report: Any, size: int) -> CircuitProposal:
-    """Top heads by PR-integral (report: recipe.ScreenReport)."""
+    """Top heads by PR-integral (report: recipe.ScreenReport); none, with the reason, when the model has no
+    checkpoint trajectory (e.g. a released model with one checkpoint)."""
+    if report.spectral is None:
+        return CircuitProposal("spectral", HeadSet.of(()), f"no PR-integral: {report.spectral_note}")
     heads = top_heads(report.spectral.integral, size)
     return CircuitProposal("spectral", heads, f"top {size} heads by PR-integral ({report.spectral.definition} PR, "
                                        f"{report.spectral.rule} rule over {len(report.checkpoints)} checkpoints)")

@@ -27,6 +27,7 @@ from core.model.refs import Checkpoint, ModelRef, checkpoint_path, read_manifest
 from core.pipelines.edges import EdgePlan, run_edges, score_edges
 from core.pipelines.patching import PatchPlan, run_patching
 from core.pipelines.recipe import ScreenReport, ScreenSettings, ablate, screen
+from core.pipelines.study_circuit import MIB_CONTEXT, acdc_cost, group_disposer, hhg_record, path_record, proposers_record
 from core.pipelines.study_roles import ioi_head_roles, logit_differences
 from core.results import JsonResult
 from core.stats.ioi_roles import group_role_summary, kv_group_view, mean_pairwise_jaccard
@@ -37,7 +38,9 @@ from core.tasks.tokens import tokenizer_of_folder
 
 STUDY_TASKS = ("induction", "ioi")
 # the IOI stages that may be left out (--skip), most costly last; logit-diff and patching always run
-SKIPPABLE = ("edges-eap", "edges-eap-ig", "random-edges", "stability", "roles")
+SKIPPABLE = ("edges-eap", "edges-eap-ig", "random-edges", "stability", "roles", "disposer", "paths", "proposers",
+             "gradient-vs-causal", "acdc-cost")
+ROLES_STAGE = "roles-mlp0"  # the roles stage's cache name: its copy score goes through MLP0 (study_roles.py)
 STUDY_VERSION = "1"
 MAX_EXAMPLES = 2048  # pairs or probe sequences: more would take hours per stage on a CPU
 # progress(stage, done, total)
@@ -320,9 +323,9 @@ def ioi_section(ref: ModelRef, checkpoint: Checkpoint, settings: StudySettings, 
     out: dict = {"pairs": {"n": s.n, "corruption": spec.corruption, "templates": list(spec.probe.templates),
                            "names": len(spec.probe.names), "seq_len": spec.seq_len}, "skipped": list(skip)}
 
-    def run(name: str, key: str, compute: Callable[[], dict]) -> None:
+    def run(name: str, key: str, compute: Callable[[], dict], cache_name: str = "") -> None:
         if name not in skip:
-            out[key] = cached_stage(ref, checkpoint, s, name, compute, dtype)
+            out[key] = cached_stage(ref, checkpoint, s, cache_name or name, compute, dtype)
 
     out["logit_diff"] = cached_stage(ref, checkpoint, s, "logit-diff",
                                      lambda: logit_differences(model(), pair()), dtype)
@@ -331,7 +334,7 @@ def ioi_section(ref: ModelRef, checkpoint: Checkpoint, settings: StudySettings, 
         model(), pair(), PatchSettings(allow_small_gap=s.allow_small_gap), PatchPlan(attribution=True, top_k=min(s.top_k_heads, shape["n_layers"] *
                                                                                  shape["n_heads"])),
         progress)), dtype)
-    run("roles", "roles", lambda: ioi_head_roles(model(), spec, pair(), out["logit_diff"]["clean_mean"]))
+    run("roles", "roles", lambda: ioi_head_roles(model(), spec, pair(), out["logit_diff"]["clean_mean"]), ROLES_STAGE)
     for method, controls in (("eap", 0), ("eap-ig", s.n_controls)):
         plan = EdgePlan(method=method, ig_steps=s.ig_steps, top=s.top_edges, curve=True, n_controls=controls)
         run(f"edges-{method}", f"edges_{method}",
@@ -346,7 +349,29 @@ def ioi_section(ref: ModelRef, checkpoint: Checkpoint, settings: StudySettings, 
 
     run("random-edges", "random_edges", random_curve)
     run("stability", "stability", lambda: edge_stability(model(), pair(), s, edge_settings, stage("stability")))
+    circuit_stages(out, ref, s, spec, model, pair, dtype, stage, run)
+    out["mib_context"] = MIB_CONTEXT
     return out
+
+
+def circuit_stages(out: dict, ref: ModelRef, s: StudySettings, spec: IoiCounterfactualSpec,
+                   model: LazyModel, pair: Callable[[], Any], dtype: str, stage: Callable, run: Callable) -> None:
+    """The stages on the discovered circuits (core/pipelines/study_circuit.py): the disposer on each edge method's
+    heads, path patching into the top heads' q, k and v, the proposers, [HHG]'s ranks and ACDC's cost."""
+    for method in ("eap", "eap-ig"):
+        heads = out.get(f"edges_{method}", {}).get("heads")
+        if heads:
+            run("disposer", f"disposer_{method}", lambda heads=heads: group_disposer(
+                model(), pair(), heads, s.n_controls, s.seed, stage(f"disposer {method}"), s.allow_small_gap),
+                f"disposer-{method}")
+    run("paths", "paths", lambda: path_record(model(), pair(), out["patching"], out.get("roles"), s.n_controls, s.seed,
+                                              stage("paths"), s.allow_small_gap))
+    run("proposers", "proposers", lambda: proposers_record(ref, spec.probe, s.n_controls, model.device, dtype))
+    if "proposers" in out:
+        run("gradient-vs-causal", "gradient_vs_causal", lambda: hhg_record(
+            model(), pair(), out["proposers"]["gradient"], stage("gradient vs causal"), s.allow_small_gap))
+    edge_settings = EdgeSettings(metric="logit_diff", replacement="resample", allow_small_gap=s.allow_small_gap)
+    run("acdc-cost", "acdc_cost", lambda: acdc_cost(model(), pair(), edge_settings))
 
 
 def edge_stability(model: Any, pair: Any, settings: StudySettings, edge_settings: EdgeSettings,

@@ -64,21 +64,26 @@ def _final_norm_weight(model: Any) -> torch.Tensor:
         return model.ln_final.original_component(torch.ones(1, 1, d_model)).reshape(d_model).float()
 
 
-def copy_score_grid(model: Any, name_ids: list[int], k: int = 5) -> np.ndarray:
-    """[layer, head] OV copy score: each name's embedding through the layer's input norm, the head's value and
-    output weights (its KV group's W_V), a Gemma block's post-attention norm, the final norm's weight and W_U;
-    the share of names in their own top-k."""
+def copy_score_grid(model: Any, vectors: torch.Tensor, token_ids: torch.Tensor, k: int = 5, sign: float = 1.0
+                    ) -> np.ndarray:
+    """[layer, head] OV copy score as Wang et al. compute it: each name's residual after block 0 (its embedding
+    through the first attention and MLP0, read at the name's position in the prompt), through the head's layer's
+    input norm, its value and output weights (its KV group's W_V), a Gemma block's post-attention norm, the final
+    norm's weight and W_U; the share of names whose own token is in the top-k of sign * those logits (sign -1:
+    the negative name movers' score).
+
+    vectors: [name, d_model] residuals after block 0; token_ids: [name] each one's token.
+    """
     n_layers, n_heads, d_head = model_shape(model)
     w_o = head_output_weights(model).float()  # [layer, head, d_head, d_model]
     unembed = model.unembed.original_component.weight.detach().float() * _final_norm_weight(model)  # [vocab, d_model]
-    ids = torch.tensor(name_ids)
+    ids = [int(i) for i in token_ids]
     post = _has_post_attention_norm(model)
     out = np.zeros((n_layers, n_heads))
     with torch.no_grad():
-        embedded = model.embed.original_component(ids[None]).float()  # [1, name, d_model]
         for layer in range(n_layers):
             block = model.blocks[layer]
-            x = block.ln1.original_component(embedded)[0]  # [name, d_model]
+            x = block.ln1.original_component(vectors.float()[None])[0].float()  # [name, d_model]
             w_v = block.attn.v.original_component.weight.detach().float()  # [kv * d_head, d_model]
             group = n_heads // (w_v.shape[0] // d_head)
             for head in range(n_heads):
@@ -87,7 +92,7 @@ def copy_score_grid(model: Any, name_ids: list[int], k: int = 5) -> np.ndarray:
                 written = v @ w_o[layer, head]  # [name, d_model]
                 if post:
                     written = block.original_component.post_attention_layernorm(written[None])[0].float()
-                out[layer, head] = copy_scores((written @ unembed.T).numpy(), name_ids, k)
+                out[layer, head] = copy_scores(sign * (written @ unembed.T).numpy(), ids, k)
     return out
 
 
@@ -97,9 +102,10 @@ def ioi_head_roles(model: Any, spec: IoiCounterfactualSpec, pair: PatchPair, log
     clean = pair.clean
     pos = name_positions(spec)
     end = clean.query_pos.numpy()
-    names = ["ln_final.hook_in"] + [f"blocks.{l}.attn.hook_{k}" for l in range(n_layers) for k in ("pattern", "z")]
+    names = ["ln_final.hook_in", "blocks.0.hook_resid_post"] + [f"blocks.{l}.attn.hook_{k}" for l in range(n_layers)
+                                                                 for k in ("pattern", "z")]
     rows = {key: [] for key in ("end", "s2", "s1_next")}
-    head_out, resid = [], []
+    head_out, resid, after_block0 = [], [], []
     w_o = head_output_weights(model).float()  # [layer, head, d_head, d_model]
     with torch.no_grad():
         for start in range(0, clean.n_examples, CHUNK):
@@ -114,6 +120,8 @@ def ioi_head_roles(model: Any, spec: IoiCounterfactualSpec, pair: PatchPair, log
             z = torch.stack([cache[f"blocks.{l}.attn.hook_z"][idx, e] for l in range(n_layers)], dim=1).float()
             head_out.append(torch.einsum("blhd,lhdm->blhm", z, w_o))  # [b, layer, head, d_model]
             resid.append(cache["ln_final.hook_in"][idx, e].float())  # [b, d_model]
+            names_at = torch.stack([torch.as_tensor(pos[k][sl]) for k in ("io", "s1", "s2")], dim=1)  # [b, 3]
+            after_block0.append(cache["blocks.0.hook_resid_post"][idx[:, None], names_at].float())  # [b, 3, d_model]
     rows = {key: np.concatenate(value) for key, value in rows.items()}
     attn = {"io": gathered_attention(rows["end"], pos["io"]), "s1": gathered_attention(rows["end"], pos["s1"]),
             "s2": gathered_attention(rows["end"], pos["s2"]),
@@ -134,15 +142,21 @@ def ioi_head_roles(model: Any, spec: IoiCounterfactualSpec, pair: PatchPair, log
         w_u = model.unembed.original_component.weight.detach().float()
         direction = w_u[clean.target] - w_u[pair.corrupted_target]  # [example, d_model]
         effect = direct_effects(written.numpy(), direction.numpy())
-    copy = copy_score_grid(model, list(spec.probe.name_ids))
+    vectors = torch.cat(after_block0).reshape(-1, int(model.cfg.d_model))  # [example * 3, d_model]: IO, S1, S2
+    ids = torch.stack([clean.target, pair.corrupted_target, pair.corrupted_target], dim=1).reshape(-1)  # [example * 3]
+    copy = copy_score_grid(model, vectors, ids)
+    neg_copy = copy_score_grid(model, vectors, ids, sign=-1.0)
     labels = head_roles(attn["io"], attn["s2"], effect, copy, attn["duplicate"], attn["induction"], attn["previous"],
-                        logit_diff)
+                        logit_diff, neg_copy)
     table = []
     for layer, head in zip(*np.nonzero(labels != "")):
         table.append({"head": f"L{layer}H{head}", "role": str(labels[layer, head]),
                       **{f"attn_{k}": float(v[layer, head]) for k, v in attn.items()},
-                      "direct_effect": float(effect[layer, head]), "copy_score": float(copy[layer, head])})
+                      "direct_effect": float(effect[layer, head]), "copy_score": float(copy[layer, head]),
+                      "neg_copy_score": float(neg_copy[layer, head])})
     return {"attention": {k: v.tolist() for k, v in attn.items()}, "direct_effect": effect.tolist(),
-            "copy_score": copy.tolist(), "table": table, "notes": notes,
+            "copy_score": copy.tolist(), "neg_copy_score": neg_copy.tolist(), "table": table, "notes": notes,
+            "copy_input": "the residual after block 0 (embedding, first attention, MLP0) at IO, S1 and S2 in the "
+                          "clean prompts, through the head's layer's input norm (Wang et al.'s copy score)",
             "thresholds": {"attention": ROLE_ATTENTION, "effect_share": ROLE_EFFECT, "copy": ROLE_COPY,
                            "pattern": ROLE_PATTERN, "copy_top_k": 5}}

@@ -5,8 +5,9 @@ Inputs are measured by core/pipelines/study.py on a real model:
 - attention from the final position (END) to the indirect object (IO) and to the subject's mentions;
 - each head's direct effect on the logit difference (its output at END through the frozen final norm,
   dotted with W_U[IO] - W_U[S]);
-- the OV copy score (the share of names whose embedding, sent through the head's OV circuit and the
-  unembedding, puts that same name in the top-5 logits).
+- the OV copy score (the share of names whose residual after block 0, embedding and MLP0, sent through the
+  head's OV circuit and the unembedding, puts that same name in the top-5 logits; with the sign flipped for
+  negative name movers).
 """
 
 from __future__ import annotations
@@ -74,28 +75,31 @@ def copy_scores(name_logits: np.ndarray, name_ids: Sequence[int], k: int = 5) ->
 
 
 def head_roles(attn_io: np.ndarray, attn_s2: np.ndarray, effect: np.ndarray, copy: np.ndarray,
-               attn_dup: np.ndarray, attn_ind: np.ndarray, attn_prev: np.ndarray, logit_diff: float) -> np.ndarray:
+               attn_dup: np.ndarray, attn_ind: np.ndarray, attn_prev: np.ndarray, logit_diff: float,
+               neg_copy: np.ndarray | None = None) -> np.ndarray:
     """[layer, head] role labels ("" for none), first rule that holds:
 
     name mover: END attends to IO >= ROLE_ATTENTION, direct effect >= ROLE_EFFECT of the logit difference, copies;
-    negative name mover: the same attention and copying with a direct effect <= -ROLE_EFFECT of it;
+    negative name mover: the same attention, a direct effect <= -ROLE_EFFECT of it, and its OV copying with the sign
+    flipped (neg_copy; `copy` when not given);
     S-inhibition: END attends to S2 >= ROLE_ATTENTION, no direct effect of that size (it acts through later heads);
     induction: from S2 to S1 + 1 >= ROLE_PATTERN; duplicate-token: from S2 to S1 >= ROLE_PATTERN;
     previous-token: from S1 + 1 to S1 >= ROLE_PATTERN.
     attn_*: [layer, head] mean attention; effect: [layer, head] direct effects; copy: [layer, head] copy shares;
     logit_diff: the full model's mean logit difference (the scale of `effect`).
     """
-    arrays = [np.asarray(a, dtype=np.float64) for a in (attn_io, attn_s2, effect, copy, attn_dup, attn_ind, attn_prev)]
+    inputs = (attn_io, attn_s2, effect, copy, attn_dup, attn_ind, attn_prev, copy if neg_copy is None else neg_copy)
+    arrays = [np.asarray(a, dtype=np.float64) for a in inputs]
     shape = arrays[0].shape
     if any(a.shape != shape for a in arrays) or len(shape) != 2:
         raise HeadLabError("every head-role input must be one [layer, head] array of the same shape.")
-    io, s2, eff, cp, dup, ind, prev = arrays
+    io, s2, eff, cp, dup, ind, prev, neg = arrays
     scale = abs(float(logit_diff)) if logit_diff else 1.0
     share = eff / scale
     labels = np.full(shape, "", dtype=object)
     rules = [
         ("name mover", (io >= ROLE_ATTENTION) & (share >= ROLE_EFFECT) & (cp >= ROLE_COPY)),
-        ("negative name mover", (io >= ROLE_ATTENTION) & (share <= -ROLE_EFFECT) & (cp >= ROLE_COPY)),
+        ("negative name mover", (io >= ROLE_ATTENTION) & (share <= -ROLE_EFFECT) & (neg >= ROLE_COPY)),
         ("S-inhibition", (s2 >= ROLE_ATTENTION) & (np.abs(share) < ROLE_EFFECT)),
         ("induction", ind >= ROLE_PATTERN),
         ("duplicate-token", dup >= ROLE_PATTERN),
