@@ -179,6 +179,16 @@ CLI_CASES = [  # (id, argv with {tmp} for a scratch folder holding a-file, what 
     ("bench dtype --pairs 0", ["bench", "dtype", "--models", MODEL, "--pairs", "0"], "--pairs is 0; give a whole number"),
     ("bench ablation --threads 0", ["bench", "ablation", "--threads", "0"], "--threads is 0; give a whole number"),
     ("bench scale --n 0", ["bench", "scale", "--n", "0"], "--n, --repeats, --chunk-size and --controls take whole numbers"),
+    # issue 42 item 4: bench edges against exact patching of a sample of edges
+    ("bench edges --sample-edges 2", ["bench", "edges", "--model", MODEL, "--sample-edges", "2"], "--sample-edges is 2"),
+    ("bench edges --sample-edges over the edges", ["bench", "edges", "--model", MODEL, *SMALL[2:], "--n-examples", "4",
+                                                   "--sample-edges", "100000", "--no-shape"], "from 3 to the model's 102"),
+    ("bench edges --sample-top -1", ["bench", "edges", "--model", MODEL, "--sample-top", "-1"], "--sample-top is -1"),
+    ("bench edges --sample-seed -1", ["bench", "edges", "--model", MODEL, "--sample-seed", "-1"],
+     "--sample-seed is -1; use a seed between 0"),
+    ("bench edges --ig-steps 0", ["bench", "edges", "--model", MODEL, "--ig-steps", "5", "0"], "--ig-steps is [5, 0]"),
+    ("bench edges --task ioi on a byte-level model", ["bench", "edges", "--model", MODEL, "--task", "ioi"],
+     "has no tokenizer of its own"),
     ("bench scale --edge-pairs -1", ["bench", "scale", "--edge-pairs", "-1"], "--edge-pairs takes a whole number of pairs"),
     ("bench scale --ig-steps 0", ["bench", "scale", "--ig-steps", "0"], "--edge-pairs takes a whole number of pairs"),
     # issue 42: study
@@ -959,3 +969,21 @@ def test_probe_never_says_cached_for_a_truncated_or_garbage_entry(home, capsys):
         assert status_line().endswith(": computed")  # recomputed, not "cached"
     assert main(["probe", MODEL, *SMALL]) == 0
     assert status_line().endswith(": cached")  # a whole entry still is
+
+
+def test_rerunning_train_with_one_flag_changed_names_it_and_offers_a_new_name_first(home, capsys, monkeypatch):
+    import core.cli.zoo
+
+    def stop(name, model_cfg, train_cfg, out_dir, **kwargs):  # the configs `train --steps 5` asks for, no training
+        (out_dir / "checkpoints").mkdir(parents=True)
+        (out_dir / "manifest.json").write_text(json.dumps({"complete": True, "checkpoints": [], "config": {
+            "model": model_cfg.to_json(), "train": train_cfg.to_json()}}))
+        raise HeadLabError("stopped")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(core.cli.zoo, "train_model", stop)
+        assert run_cli(["train", "--name", "mine", "--steps", "5"], capsys)[0] == 2
+    status, err = run_cli(["train", "--name", "mine", "--steps", "7"], capsys)
+    assert status == 2 and "holds a finished model with a different config (--steps 5 there, 7 now)" in err
+    assert "train this one under a new name (e.g. --name mine-steps7), or delete" in err
+    assert err.index("--name mine-steps7") < err.index("delete")

@@ -18,10 +18,12 @@ finish with bit-identical weights.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -169,6 +171,32 @@ def _same_config(stored: dict | None, model_cfg: ModelConfig, train_cfg: TrainCo
     if stored is None:
         return True
     return ModelConfig.from_json(stored["model"]) == model_cfg and TrainConfig.from_json(stored["train"]) == train_cfg
+
+
+# config field -> the `train` flag that sets it, to name what differs when a rerun meets another run's folder
+TRAIN_FLAGS = {"family": "--family", "n_layers": "--layers", "n_heads": "--heads", "d_model": "--d-model",
+               "d_ff": "--d-ff", "task": "--task", "steps": "--steps", "seed": "--seed", "init_from": "--init-from",
+               "hhg_format": "--hhg-format"}
+
+
+def config_differences(stored: dict, model_cfg: ModelConfig, train_cfg: TrainConfig) -> list[tuple[str, Any, Any]]:
+    """(field, stored value, this run's value) for every config field that differs, model config first."""
+    pairs = ((ModelConfig.from_json(stored["model"]), model_cfg), (TrainConfig.from_json(stored["train"]), train_cfg))
+    return [(f.name, getattr(old, f.name), getattr(new, f.name)) for old, new in pairs for f in dataclasses.fields(new)
+            if getattr(old, f.name) != getattr(new, f.name)]
+
+
+def different_config_error(name: str, out_dir: Path, stored: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
+                           finished: bool) -> HeadLabError:
+    """The refusal of a rerun whose config differs from the folder's: the flags that differ, then a new name to train
+    under, and only then deleting the folder (which throws away a trained model)."""
+    differences = config_differences(stored, model_cfg, train_cfg)
+    said = "; ".join(f"{TRAIN_FLAGS.get(field, field)} {old} there, {new} now" for field, old, new in differences)
+    field, _, new = differences[0] if differences else ("other", None, "")
+    suggestion = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{name}-{TRAIN_FLAGS.get(field, field).lstrip('-')}{new}")
+    return HeadLabError(f"{out_dir} holds {'a finished model' if finished else 'a run'} with a different config "
+                        f"({said or 'fields added since'}); train this one under a new name (e.g. --name {suggestion}), "
+                        "or delete that folder to retrain it.")
 
 
 def batch_at(train_cfg: TrainConfig, step: int, warmup_end: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -417,7 +445,7 @@ def train_model(
     existing = read_manifest(out_dir, missing_ok=True)
     if existing and existing.get("complete"):
         if not _same_config(existing.get("config"), model_cfg, train_cfg):
-            raise HeadLabError(f"{out_dir} holds a finished model with a different config; delete that folder or pick another name.")
+            raise different_config_error(name, out_dir, existing["config"], model_cfg, train_cfg, finished=True)
         return existing
     model = _initial_model(model_cfg, train_cfg)  # before the folder exists: a refused init_from leaves nothing behind
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -428,7 +456,7 @@ def train_model(
     )
     meta = _load_state(model, optimizer, out_dir)
     if meta is not None and not _same_config(meta.get("config"), model_cfg, train_cfg):
-        raise HeadLabError(f"{out_dir} holds a run with a different config; delete that folder or pick another name.")
+        raise different_config_error(name, out_dir, meta["config"], model_cfg, train_cfg, finished=False)
     if meta is not None and meta.get("threads"):  # the run's own thread count: same float sums, same weights
         torch.set_num_threads(int(meta["threads"]))
     if meta is None:
