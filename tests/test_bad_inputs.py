@@ -188,7 +188,7 @@ CLI_CASES = [  # (id, argv with {tmp} for a scratch folder holding a-file, what 
      "--sample-seed is -1; use a seed between 0"),
     ("bench edges --ig-steps 0", ["bench", "edges", "--model", MODEL, "--ig-steps", "5", "0"], "--ig-steps is [5, 0]"),
     ("bench edges --task ioi on a byte-level model", ["bench", "edges", "--model", MODEL, "--task", "ioi"],
-     "has no tokenizer of its own"),
+     "the ioi task needs a model with a word-level tokenizer"),
     ("bench scale --edge-pairs -1", ["bench", "scale", "--edge-pairs", "-1"], "--edge-pairs takes a whole number of pairs"),
     ("bench scale --ig-steps 0", ["bench", "scale", "--ig-steps", "0"], "--edge-pairs takes a whole number of pairs"),
     # issue 42: study

@@ -213,7 +213,16 @@ def add_bench_edges_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--revision", default=None, help="checkpoint (default: the final one)")
     parser.add_argument("--n-examples", type=int, default=32, help="pairs N (default 32)")
     parser.add_argument("--seq-len", type=int, default=32, help="sequence length T (default 32)")
-    parser.add_argument("--ig-steps", type=int, default=5, help="EAP-IG interpolation steps (default 5)")
+    parser.add_argument("--ig-steps", type=int, nargs="+", default=[5, 20],
+                        help="EAP-IG interpolation steps, one run each (default 5 20; the first is timed and also run "
+                             "by MIB's rule)")
+    parser.add_argument("--task", choices=["induction", "ioi"], default="induction",
+                        help="the pairs: the induction counterfactual (default) or IOI's ABC pairs (a real tokenizer)")
+    parser.add_argument("--sample-edges", type=int, default=None,
+                        help="patch this many random edges, plus each method's top --sample-top (default: every edge)")
+    parser.add_argument("--sample-top", type=int, default=20, help="with --sample-edges: each method's top edges patched too")
+    parser.add_argument("--sample-seed", type=int, default=0, help="seed of the random edge sample (default 0)")
+    parser.add_argument("--no-curves", action="store_true", help="skip the faithfulness curves at MIB's edge fractions")
     parser.add_argument("--shape", choices=sorted(PYTHIA_SHAPES), default="pythia-160m",
                         help="published architecture for the memory run, random weights (default pythia-160m)")
     parser.add_argument("--no-shape", action="store_true", help="skip the run at the published shape")
@@ -221,8 +230,12 @@ def add_bench_edges_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def cli_bench_edges(args: argparse.Namespace) -> dict:
+    if any(n < 1 for n in args.ig_steps):
+        raise HeadLabError(f"--ig-steps is {args.ig_steps}; give whole numbers of interpolation steps, at least 1 each.")
     r = bench_edges(args.model, args.revision, args.n_examples, args.seq_len, args.ig_steps,
-                    None if args.no_shape else args.shape, device=args.device, dtype=args.dtype)
+                    None if args.no_shape else args.shape, device=args.device, dtype=args.dtype, task=args.task,
+                    sample_edges=args.sample_edges, sample_top=args.sample_top, seed=args.sample_seed,
+                    curves=not args.no_curves)
     print(f"edges bench ({r['model']} {r['revision']}, N={r['n_examples']}, T={r['seq_len']}, {r['edges']} edges): "
           f"brute force {r['brute_force_s']:.2f}s, EAP {r['eap_s']:.3f}s: {r['speedup_eap_vs_brute_force']:.1f}x "
           f"(target >= 50x), Spearman {r['spearman_eap_vs_brute_force']:.3f}; EAP-IG ({r['ig_steps']} steps) "
@@ -230,6 +243,12 @@ def cli_bench_edges(args: argparse.Namespace) -> dict:
     if "shape" in r:
         print(f"  EAP at {r['shape']} ({r['shape_edges']} edges), {r['shape_n_examples']} x {r['shape_seq_len']} tokens: "
               f"{r['shape_eap_s']:.1f}s, peak memory {r['peak_memory_gib']:.2f} GiB (limit 24 GiB)")
+    for name, a in r["agreement"].items():
+        rho = "undefined" if a["spearman_above_floor"] is None else f"{a['spearman_above_floor']:.3f}"
+        curve = r.get("faithfulness", {}).get(name)
+        print(f"  {name}: Spearman {a['spearman']:.3f} over {a['n_edges']} edges, {rho} over the {a['n_above_floor']} "
+              f"above {a['floor']} of the gap; top-k overlap {a['top_k']}"
+              + ("" if curve is None else f"; CPR {curve['cpr']:.3f}, CMD {curve['cmd']:.3f}"))
     return r
 
 
