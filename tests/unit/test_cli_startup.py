@@ -17,7 +17,7 @@ import pytest
 from core.__main__ import COMMANDS, build_parser, requested_command
 
 REPO = Path(__file__).resolve().parents[2]
-HEAVY = ("torch", "transformers", "transformer_lens", "scipy", "core.cli.recipe")
+HEAVY = ("torch", "transformers", "transformer_lens", "scipy", "core.cli.recipe", "core.cli.known_run")
 
 
 def _loaded_after(argv: list[str]) -> dict:
@@ -48,6 +48,15 @@ def test_help_and_a_wrong_command_import_no_heavy_library(argv):
     assert "COMMAND" in result["text"]  # the usage line, with the commands' list for --help
     if argv == ["--help"]:
         assert all(name in result["text"] for name in COMMANDS)
+
+
+@pytest.mark.parametrize("argv", [["known", "--help"], ["known", "--bogus"]])
+def test_a_command_whose_work_lives_apart_answers_help_and_a_wrong_flag_without_it(argv):
+    """`known` keeps its arguments in core/cli/known.py and its work in core/cli/known_run.py (loaded when it runs)."""
+    result = _loaded_after(argv)
+    assert result["heavy"] == []
+    assert result["code"] in (0, 2)
+    assert "--build" in result["text"] if argv[1] == "--help" else "unrecognized arguments: --bogus" in result["text"]
 
 
 def test_the_command_named_is_the_only_one_wired():

@@ -1,0 +1,62 @@
+"""The work of `python -m core known` (core/cli/known.py holds its arguments): list the known models, built or not
+(built only when the circuit reads and the weights are whole), and build the ones asked for."""
+
+from __future__ import annotations
+
+import argparse
+
+from core.errors import HeadLabError
+from core.heads import head_name
+from core.model.loading import verify_safetensors_folder
+from core.model.refs import MANIFEST, ModelRef, checkpoint_path, zoo_model_dir
+from core.workspace import zoo_dir
+from core.zoo.known import CIRCUIT_FILE, HANDWIRED, KNOWN_MODELS, known_kind, read_circuit
+
+
+def _row(name: str) -> dict:
+    """One known model as the listing shows it: registry kind, whether built, and its circuit when it is."""
+    folder = zoo_model_dir(name)
+    # exists(), not is_file(): a folder in circuit.json's place is read (and refused as broken), not "not built"
+    row = {"name": name, "kind": known_kind(name), "built": (folder / MANIFEST).is_file() and (folder / CIRCUIT_FILE).exists(),
+           "folder": str(folder)}
+    if row["built"]:
+        try:  # "built" only when its weights are there and whole, and its circuit reads
+            circuit = read_circuit(folder)
+            verify_safetensors_folder(checkpoint_path(ModelRef.parse(name)))
+        except HeadLabError as exc:
+            row.update(built=False, broken=f"{str(exc).split(';')[0]}; rebuild it with python -m core known --build {name}")
+            return row
+        row.update(heads=[head_name(h) for h in circuit.heads], roles=dict(circuit.roles),
+                   edges=list(circuit.edge_texts), distractors=[head_name(h) for h in circuit.distractors],
+                   ablation=circuit.ablation, metric=circuit.metric, task=dict(circuit.task), bounds=dict(circuit.bounds))
+    return row
+
+
+def run_known(args: argparse.Namespace) -> dict:
+    """Build what was asked, then list every known model (name, kind, heads, built or not)."""
+    built = []
+    if args.build is not None:
+        names = list(args.build) or list(HANDWIRED)
+        unknown = [n for n in names if n not in KNOWN_MODELS]
+        if unknown:
+            raise HeadLabError(f"unknown known model(s) {', '.join(unknown)}; choose from {', '.join(KNOWN_MODELS)}.")
+        for name in names:
+            print(f"building {name} ...", flush=True)
+            KNOWN_MODELS[name](progress=known_kind(name) != "handwired")
+            built.append(name)
+    rows = [_row(name) for name in KNOWN_MODELS]
+    for row in rows:
+        heads = ",".join(row.get("heads", [])) or "-"
+        state = "built" if row["built"] else "broken" if row.get("broken") else "not built"
+        extra = ""
+        if row["built"] and "clean" in row["bounds"]:
+            b = row["bounds"]
+            extra = (f"  logit diff {b['clean']:.2f} clean, {b.get('true_ablated', float('nan')):.3f} circuit ablated, "
+                     f"{b.get('others_ablated', float('nan')):.2f} others ablated ({row['ablation']})")
+        print(f"{row['name']:28s} {row['kind']:9s} {state:9s} {heads:24s}{extra}")
+    for row in rows:
+        if row.get("broken"):
+            print(f"note: {row['name']}: {row['broken']}")
+    if not any(r["built"] for r in rows):
+        print("no known model is built yet; build the hand-wired ones with python -m core known --build")
+    return {"zoo": str(zoo_dir()), "built_now": built, "models": rows}
