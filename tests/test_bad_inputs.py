@@ -881,6 +881,9 @@ def test_known_says_built_only_when_the_weights_are_whole_and_its_advice_is_know
     out = capsys.readouterr().out
     assert status == 0 and "known-induction-neox         handwired broken" in out
     assert "rebuild it with python -m core known --build known-induction-neox" in out and "delete" not in out
+    status, err = run_cli(["edges", "known-induction-neox", "--known-task"], capsys)  # a command that loads it
+    assert status == 2 and "rebuild it with python -m core known --build known-induction-neox" in err
+    assert "delete" not in err
 
 
 def test_a_folder_where_a_benchmark_cache_file_belongs_is_named_as_such(home):

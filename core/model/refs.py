@@ -31,6 +31,8 @@ KINDS = ("zoo", "local", "hub")
 PYTHIA_TOKENS_PER_STEP = 2_097_152  # 1024 sequences x 2048 tokens per Pythia optimizer step
 UNKNOWN_TOKENS = -1  # a checkpoint whose token count is not known (a bare local folder)
 RETRAIN_HINT = "python -m core zoo --preset quick"
+# a known model's folder (core/zoo/known) holds one of these: it is rebuilt with `known --build`, never retrained by hand
+KNOWN_MODEL_FILES = ("circuit.json", "confirmation.json")
 MANIFEST = "manifest.json"
 # Weights up to this size are hashed in full for the fingerprint; larger ones by name, size, mtime.
 FULL_HASH_LIMIT = 64 * 2**20
@@ -133,6 +135,8 @@ def repair_hint(folder: Path | str) -> str:
         inside = Path(folder).resolve().relative_to(zoo).parts
     except (OSError, ValueError):
         inside = ()
+    if inside and any((zoo / inside[0] / marker).exists() for marker in KNOWN_MODEL_FILES):
+        return f"rebuild it with python -m core known --build {inside[0]} (the build replaces the whole folder)"
     if inside:
         return f"delete the zoo model folder {zoo / inside[0]} and retrain it (e.g. {RETRAIN_HINT})"
     return ("re-save the model there with save_pretrained (config.json and *.safetensors weights) or give "
