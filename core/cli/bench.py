@@ -249,6 +249,9 @@ def cli_bench_edges(args: argparse.Namespace) -> dict:
         print(f"  {name}: Spearman {a['spearman']:.3f} over {a['n_edges']} edges, {rho} over the {a['n_above_floor']} "
               f"above {a['floor']} of the gap; top-k overlap {a['top_k']}"
               + ("" if curve is None else f"; CPR {curve['cpr']:.3f}, CMD {curve['cmd']:.3f}"))
+    if "brute force" in r.get("faithfulness", {}):
+        curve = r["faithfulness"]["brute force"]
+        print(f"  brute force's own ranking: CPR {curve['cpr']:.3f}, CMD {curve['cmd']:.3f}")
     return r
 
 
