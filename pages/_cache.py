@@ -37,7 +37,7 @@ from core.pipelines.attribution import analyze_ref, stored_result
 from core.pipelines.attribution_results import AttributionSettings
 from core.pipelines.closure import closure_test
 from core.pipelines.coactivation import CoactivationSettings, coactivation
-from core.pipelines.dynamics import cross_seed_matrix, form_vs_function, training_trajectories
+from core.pipelines.dynamics import cross_seed_matrix, final_circuit, form_vs_function, training_trajectories
 from core.pipelines.patching import PatchingReport, PatchPlan, patch_loaded
 from core.pipelines.proposers import DISPOSER, proposers_vs_disposer
 from core.pipelines.recipe import ScreenSettings, screen, screen_checkpoint
@@ -500,40 +500,50 @@ def run_proposers(ws: Workspace, size: int, n_controls: int, controls: str,
     return _store(_proposers_key(ws, size, n_controls, controls), report)
 
 
-def _cross_seed_key(models: tuple[str, ...], spec_json: str, n_controls: int, dtype: str) -> tuple:
-    return ("cross-seed", models, spec_json, n_controls, dtype, tuple(model_stamp(m) for m in models))
+def _cross_seed_key(models: tuple[str, ...], spec_json: str, n_controls: int, dtype: str,
+                    member_json: str | None = None) -> tuple:
+    return ("cross-seed", models, spec_json, n_controls, dtype, tuple(model_stamp(m) for m in models), member_json)
 
 
-def stored_cross_seed(models: tuple[str, ...], spec_json: str, n_controls: int, dtype: str = DEFAULT_DTYPE):
+def stored_cross_seed(models: tuple[str, ...], spec_json: str, n_controls: int, dtype: str = DEFAULT_DTYPE,
+                      member_json: str | None = None):
     """The cross-seed ablation matrix of `models` already run, or None."""
-    return _stored(_cross_seed_key(models, spec_json, n_controls, dtype))
+    return _stored(_cross_seed_key(models, spec_json, n_controls, dtype, member_json))
 
 
 def run_cross_seed(models: tuple[str, ...], spec_json: str, n_controls: int, dtype: str = DEFAULT_DTYPE,
-                   backend: str = "serial"):
-    """Each model's final circuit ablated in each model (matched-random controls), stored; on the Ray
+                   backend: str = "serial", member_json: str | None = None):
+    """Each model's final circuit ablated in each model (matched-random controls) on spec_json's probe, stored;
+    member_json: the induction probe the circuits are found on when that is another (the IOI task's). On the Ray
     backend one task per target model."""
     executor = None if backend == "serial" else _executor_for_the_server(backend)
-    matrix = cross_seed_matrix([ModelRef.parse(m) for m in models], spec_from_json(spec_json), n_controls=n_controls,
-                               dtype=dtype, executor=executor)
-    return _store(_cross_seed_key(models, spec_json, n_controls, dtype), matrix)
+    circuits = None if member_json in (None, spec_json) else {
+        m: final_circuit(ModelRef.parse(m), spec_from_json(member_json), dtype=dtype) for m in models}
+    matrix = cross_seed_matrix([ModelRef.parse(m) for m in models], spec_from_json(spec_json), circuits,
+                               n_controls=n_controls, dtype=dtype, executor=executor)
+    return _store(_cross_seed_key(models, spec_json, n_controls, dtype, member_json), matrix)
 
 
-def _form_function_key(ws: Workspace, circuit: HeadSet, n_controls: int, revisions: tuple[str, ...]) -> tuple:
-    return ("form-function", ws.model_name, ws.spec_json, ws.stamp, ws.dtype, str(circuit), n_controls, revisions)
+def _form_function_key(ws: Workspace, circuit: HeadSet, n_controls: int, revisions: tuple[str, ...],
+                       member_json: str | None = None) -> tuple:
+    return ("form-function", ws.model_name, ws.spec_json, ws.stamp, ws.dtype, str(circuit), n_controls, revisions,
+            member_json)
 
 
-def stored_form_function(ws: Workspace, circuit: HeadSet, n_controls: int, revisions: tuple[str, ...]):
+def stored_form_function(ws: Workspace, circuit: HeadSet, n_controls: int, revisions: tuple[str, ...],
+                         member_json: str | None = None):
     """The form-vs-function test of `circuit` at `revisions` already run, or None."""
-    return _stored(_form_function_key(ws, circuit, n_controls, revisions))
+    return _stored(_form_function_key(ws, circuit, n_controls, revisions, member_json))
 
 
-def run_form_function(ws: Workspace, circuit: HeadSet, n_controls: int, revisions: tuple[str, ...]):
-    """The closure test of `circuit` at each of `revisions` against its selectivity there, stored."""
-    traj = cached_trajectories(ws.model_name, ws.spec_json, "entropy", ws.stamp, ws.dtype)
+def run_form_function(ws: Workspace, circuit: HeadSet, n_controls: int, revisions: tuple[str, ...],
+                      member_json: str | None = None):
+    """The closure test of `circuit` on the workspace probe at each of `revisions` against its selectivity there
+    (on member_json's induction probe when given: the IOI task's form is measured on induction), stored."""
+    traj = cached_trajectories(ws.model_name, member_json or ws.spec_json, "entropy", ws.stamp, ws.dtype)
     ff = form_vs_function(ws.ref, circuit, ws.spec, traj, n_controls=n_controls, revisions=list(revisions),
                           dtype=ws.dtype)
-    return _store(_form_function_key(ws, circuit, n_controls, revisions), ff)
+    return _store(_form_function_key(ws, circuit, n_controls, revisions, member_json), ff)
 
 
 def _patching_key(ws: Workspace, pairs: Any, settings: Any, plan: PatchPlan) -> tuple:

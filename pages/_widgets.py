@@ -13,6 +13,8 @@ from core.errors import HeadLabError
 from core.figures._style import heads_from_points, short_tokens
 from core.figures.bundle import FigureBundle
 from core.heads import Head
+from core.tasks.ioi import CORRUPTIONS
+from core.tasks.specs import PAIR_TASKS, built_in_counterfactual
 
 IMAGE_MIME = (("png", "image/png"), ("svg", "image/svg+xml"), ("pdf", "application/pdf"))
 
@@ -96,3 +98,46 @@ def new_pick(chart_key: str) -> list[Head]:
     new = picked if picked and picked != st.session_state.get(last_key) else []
     st.session_state[last_key] = picked or None
     return new
+
+
+def built_in_source(task: str) -> str:
+    """The pair source's label for the sidebar's task: its own built-in counterfactual (induction or IOI)."""
+    return {"induction": "built-in induction counterfactual", "ioi": "built-in IOI counterfactual"}.get(
+        task, "built-in counterfactual")
+
+
+def pair_source(ws, options: list[str], key: str) -> str:
+    """The radio of pair sources (options in order); a choice another task's label left in the session is dropped."""
+    if st.session_state.get(key) not in options:
+        st.session_state.pop(key, None)
+    return st.radio("Pairs", options, horizontal=True, key=key)
+
+
+def built_in_pairs(ws, prefix: str):
+    """The sidebar probe's own clean/corrupted pairs (core.tasks.specs.built_in_counterfactual): the induction
+    sequences with their earlier A replaced, or the IOI prompts with their ABC or swapped-subject twins; a task
+    without pairs is said, and the page stops."""
+    if ws.task not in PAIR_TASKS:
+        st.info(f"The {ws.task} task has no built-in counterfactual: choose the induction or ioi task in the sidebar, "
+                "or upload a probe file.")
+        st.stop()
+    c1, c2 = st.columns(2)
+    corruption = "abc"
+    if ws.task == "ioi":
+        corruption = c2.radio("Corruption", CORRUPTIONS, horizontal=True, key=f"{prefix}_corruption",
+                              format_func={"abc": "ABC (three other names)", "swap": "swapped subject"}.get,
+                              help="abc: IO, S1 and S2 replaced by three other names, so no name is the answer; "
+                                   "swap: the subject's second mention replaced by IO, so the answer flips to S.")
+    seed = int(c1.number_input("Corruption seed", 0, 2**31 - 1, 0, key=f"{prefix}_corrupt_seed",
+                               help="Seeds the token that replaces each example's earlier A (induction), or the ABC "
+                                    "names (ioi)."))
+    pairs = guarded(lambda: built_in_counterfactual(ws.spec, seed, corruption))
+    if ws.task == "ioi":
+        what = ("IO, S1 and S2 replaced by three other names, so nothing says which name is the answer"
+                if corruption == "abc" else "S2 replaced by IO, so the answer flips to S")
+        st.caption(f"{ws.spec.n_examples} IOI prompts (the model's one-token names, {len(ws.spec.templates)} "
+                   f"templates, padded on the right); metric logit[IO] - logit[S] at the last token; corrupted: {what}.")
+    else:
+        st.caption(f"{ws.spec.n_examples} induction sequences of {ws.spec.seq_len} tokens; corrupted: the earlier A "
+                   "replaced, so the query has nothing to copy while the target B and every position stay.")
+    return pairs

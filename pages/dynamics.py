@@ -1,5 +1,11 @@
 """Training dynamics: when a circuit forms, when the recipe can already name it, whether it carries over
-between seeds and across a data shift, and how its form (selectivity) and function (closure) relate."""
+between seeds and across a data shift, and how its form (selectivity) and function (closure) relate.
+
+On the IOI task the circuit followed is still the induction circuit (membership is induction selectivity, which
+needs a repeated token): its form is measured on the induction probe of the model's own tokens, with the
+sidebar's N, T and seed, and its function (the closure tests) on the sidebar's IOI prompts."""
+
+from dataclasses import replace
 
 import pandas as pd
 import streamlit as st
@@ -9,9 +15,10 @@ from core.figures.dynamics import (cross_seed_figure, data_shift_figure, form_fu
 from core.heads import HeadSet, head_name, parse_heads
 from core.pipelines.dynamics import continuations, data_shift_jaccard, seed_peers, zoo_manifests
 from core.stats.dynamics import DEFAULT_MARGIN, FORM_FUNCTION_LABELS, IDENTIFIABLE_BAND
-from pages._cache import (cached_trajectories, model_stamp, run_cross_seed, run_form_function, screen_report,
-                          stored_cross_seed, stored_form_function)
-from pages._state import PR_DEFINITION, bound, require_workspace
+from core.tasks.specs import spec_from_json
+from pages._cache import (cached_tokenizer_spec, cached_trajectories, model_stamp, run_cross_seed, run_form_function,
+                          screen_report, stored_cross_seed, stored_form_function)
+from pages._state import PR_DEFINITION, SEQ_LEN, bound, require_workspace
 from pages._widgets import format_tokens, guarded, show_figure
 
 DEFINITIONS = {"entropy": "entropy effective rank", "classic": "classic PR"}
@@ -19,10 +26,21 @@ DEFINITIONS = {"entropy": "entropy effective rank", "classic": "classic PR"}
 
 st.title("Training dynamics")
 ws = require_workspace()
-if ws.task != "induction":
+if ws.task not in ("induction", "ioi"):
     st.info("Training dynamics follow the induction circuit (selectivity to p+1): choose the **induction** probe "
-            "task in the sidebar.")
+            "task (or **ioi**, whose prompts then test the circuit's function) in the sidebar.")
     st.stop()
+member_json = None  # the induction probe membership is measured on, when it is not the sidebar's (the IOI task)
+member_ws = ws
+if ws.task == "ioi":
+    seq_len = int(st.session_state.get(SEQ_LEN, 64))
+    member_ws = replace(ws, spec=spec_from_json(guarded(lambda: cached_tokenizer_spec(
+        ws.model_name, ws.revision, ws.stamp, "induction", ws.spec.n_examples, seq_len, ws.spec.seed))))
+    member_json = member_ws.spec_json  # the trajectories' cache key, spelled as the page's other calls spell it
+    st.caption(f"IOI task: the circuit followed is the induction circuit. Its form (membership: induction "
+               f"selectivity) is measured on {ws.spec.n_examples} induction sequences of {seq_len} of the model's "
+               f"own tokens (seed {ws.spec.seed}); its function (the cross-seed and closure ablations below) on the "
+               f"sidebar's {ws.spec.n_examples} IOI prompts, scored on the indirect object.")
 
 c1, c2 = st.columns([2, 1])
 with c1:
@@ -30,8 +48,9 @@ with c1:
                        format_func=lambda d: DEFINITIONS[d])
 margin = float(c2.number_input("PR-rise margin (PR units above its running minimum)", min_value=0.01, max_value=100.0,
                                value=DEFAULT_MARGIN, step=0.1, key="dyn_margin"))
-guarded(lambda: screen_report(ws, definition))  # fills the HeadStats cache with a progress bar the first time
-traj = guarded(lambda: cached_trajectories(ws.model_name, ws.spec_json, definition, ws.stamp, ws.dtype, ws.backend))
+guarded(lambda: screen_report(member_ws, definition))  # fills the HeadStats cache with a progress bar the first time
+traj = guarded(lambda: cached_trajectories(ws.model_name, member_ws.spec_json, definition, ws.stamp, ws.dtype,
+                                           ws.backend))
 n_layers, n_heads = traj.shape
 final = traj.final_circuit
 names = [head_name((l, h)) for l in range(n_layers) for h in range(n_heads)]
@@ -85,10 +104,11 @@ if len(options) == 1:
 s1, s2 = st.columns([3, 1])
 models = s1.multiselect("Models (seeds)", options, default=options, key=f"dyn_seed_models-{ws.model_name}")
 seed_controls = int(s2.number_input("Random draws", 1, 200, 20, key="dyn_seed_controls"))
-matrix = stored_cross_seed(tuple(models), ws.spec_json, seed_controls, ws.dtype)
+matrix = stored_cross_seed(tuple(models), ws.spec_json, seed_controls, ws.dtype, member_json)
 if st.button("Run cross-seed ablation", key="dyn_run_cross_seed", disabled=not models) and matrix is None:
     with st.spinner(f"Ablating {len(models)} circuits in {len(models)} models..."):
-        matrix = guarded(lambda: run_cross_seed(tuple(models), ws.spec_json, seed_controls, ws.dtype, ws.backend), stop=False)
+        matrix = guarded(lambda: run_cross_seed(tuple(models), ws.spec_json, seed_controls, ws.dtype, ws.backend,
+                                                member_json), stop=False)
 if matrix is not None:
     show_figure(cross_seed_figure(matrix), "dyn_cross_seed")
     for a, row in enumerate(matrix.reasons):
@@ -108,9 +128,9 @@ if not shift_options:
             "on another distribution (python -m core zoo --preset paper).")
 else:
     shifted_name = d2.selectbox("Continued on other data", shift_options, key="dyn_shift_model")
-    base_traj = guarded(lambda: cached_trajectories(base_name, ws.spec_json, definition, model_stamp(base_name),
+    base_traj = guarded(lambda: cached_trajectories(base_name, member_ws.spec_json, definition, model_stamp(base_name),
                                                     ws.dtype, ws.backend), stop=False)
-    shifted_traj = guarded(lambda: cached_trajectories(shifted_name, ws.spec_json, definition,
+    shifted_traj = guarded(lambda: cached_trajectories(shifted_name, member_ws.spec_json, definition,
                                                        model_stamp(shifted_name), ws.dtype, ws.backend), stop=False)
     if base_traj is not None and shifted_traj is not None:
         shift = guarded(lambda: data_shift_jaccard(base_traj, shifted_traj), stop=False)
@@ -129,11 +149,11 @@ stride = int(f2.number_input("Test every n-th checkpoint (the last always)", 1, 
                              key="dyn_ff_stride"))
 chosen_revisions = tuple(sorted(set(traj.revisions[::stride]) | {traj.revisions[-1]}, key=traj.revisions.index))
 circuit = HeadSet(tuple(heads))
-ff = stored_form_function(ws, circuit, ff_controls, chosen_revisions)
+ff = stored_form_function(ws, circuit, ff_controls, chosen_revisions, member_json)
 if st.button(f"Run the closure test at {len(chosen_revisions)} checkpoints", key="dyn_run_form_function",
              disabled=not heads) and ff is None:
     with st.spinner("Ablating the heads at every chosen checkpoint..."):
-        ff = guarded(lambda: run_form_function(ws, circuit, ff_controls, chosen_revisions), stop=False)
+        ff = guarded(lambda: run_form_function(ws, circuit, ff_controls, chosen_revisions, member_json), stop=False)
 if ff is not None:
     counts = ff.counts()
     cols = st.columns(len(FORM_FUNCTION_LABELS))

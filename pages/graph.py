@@ -18,14 +18,15 @@ from core.stats.inference import format_rank_z
 from core.store import canonical_json
 from core.tasks.counterfactual import InductionCounterfactualSpec
 from core.tasks.known import known_task
+from core.tasks.specs import PAIR_TASKS
 from core.tasks.probe_file import PADDING_SIDES, ProbeFile, read_probe_file
 from core.zoo.known import known_circuit
 from pages._cache import cached_model, check_fits
 from pages._state import remember_probe_file, require_workspace, send_to_ablation_lab
-from pages._widgets import guarded, show_figure
+from pages._widgets import built_in_pairs, built_in_source, guarded, pair_source, show_figure
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "assets" / "probes" / "ioi_example.jsonl"
-BUILT_IN, KNOWN, UPLOAD = "built-in induction counterfactual", "the known circuit's task", "upload a probe file"
+KNOWN, UPLOAD = "the known circuit's task", "upload a probe file"
 RUNS = "graph_runs"  # session: run key -> EdgeReport (a rerun of the page never recomputes)
 EFFECTS = "graph_effects"  # session: (run key, item) -> fraction of the gap lost when the item is patched
 CHART, ITEM, THRESHOLD = "graph_chart", "graph_item", "graph_threshold"
@@ -45,25 +46,18 @@ def known_of(ws):
 
 
 def choose_pairs(ws, circuit):
-    """The pairs: the known circuit's own task, the sidebar's induction probe with its earlier A corrupted, or a file."""
-    sources = ([KNOWN] if circuit is not None else []) + [BUILT_IN, UPLOAD]
-    source = st.radio("Pairs", sources, horizontal=True, key="graph_source")
+    """The pairs: the known circuit's own task, the sidebar probe's built-in counterfactual (induction or IOI), or a file."""
+    built_in = built_in_source(ws.task)
+    source = pair_source(ws, ([KNOWN] if circuit is not None else []) + [built_in, UPLOAD], "graph_source")
     if source == KNOWN:
         spec = guarded(lambda: known_task(circuit.task))
         st.caption(f"{spec.n_examples} prompts of {spec.seq_len} tokens of the {spec.task} task recorded in "
                    f"circuit.json; {spec.build_pair().spec.get('corruption', '')}.")
         return spec
-    if source == BUILT_IN:
-        if ws.task != "induction":
-            st.info("The built-in counterfactual corrupts the induction probe: choose the induction task in the "
-                    "sidebar, or upload a probe file.")
-            st.stop()
-        guarded(lambda: check_fits(ws))
-        seed = int(st.number_input("Corruption seed", 0, 2**31 - 1, 0, key="graph_corrupt_seed",
-                                   help="Seeds the token that replaces each example's earlier A."))
-        st.caption(f"{ws.spec.n_examples} induction sequences of {ws.spec.seq_len} tokens; corrupted: the earlier A "
-                   "replaced, so the query has nothing to copy.")
-        return InductionCounterfactualSpec(ws.spec, seed=seed)
+    if source == built_in:
+        if ws.task in PAIR_TASKS:
+            guarded(lambda: check_fits(ws))
+        return built_in_pairs(ws, "graph")
     left, right = st.columns([3, 1])
     uploaded = left.file_uploader("Probe file (JSONL)", type=["jsonl", "json", "txt"], key="graph_file",
                                   help=FILE_FORMAT)

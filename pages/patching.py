@@ -1,6 +1,6 @@
 """Patching: activation patching per head (and per head x position), a group against random controls, a path
-between heads, attribution patching with its rank agreement, on the built-in induction counterfactual or on
-the pairs of an uploaded probe file. Picked heads go to the ablation lab in one click."""
+between heads, attribution patching with its rank agreement, on the sidebar task's built-in counterfactual
+(induction, or IOI's ABC / swapped-subject prompts) or on the pairs of an uploaded probe file. Picked heads go to the ablation lab in one click."""
 
 from pathlib import Path
 
@@ -13,14 +13,13 @@ from core.heads import head_name, parse_heads
 from core.pipelines.patching import PatchPlan
 from core.stats.controls import CONTROL_KINDS
 from core.stats.patching import DIRECTIONS
-from core.tasks.counterfactual import InductionCounterfactualSpec
 from core.tasks.probe_file import PADDING_SIDES, ProbeFile, read_probe_file
 from pages._cache import run_patching_report, stored_patching
 from pages._state import remember_probe_file, require_workspace, send_to_ablation_lab
-from pages._widgets import guarded, new_pick, show_figure
+from pages._widgets import built_in_pairs, built_in_source, guarded, new_pick, pair_source, show_figure
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "assets" / "probes" / "ioi_example.jsonl"
-BUILT_IN, UPLOAD = "built-in induction counterfactual", "upload a probe file"
+UPLOAD = "upload a probe file"
 HEAT_KEY, SCATTER_KEY = "patch_heads", "patch_ranks"
 STRIP_KEY = "patch_strip_{}"  # the group's and the path's control strips (not "patch_group": the group's text box)
 FILE_FORMAT = ("One JSON object per line: `prompt` (text) or `prompt_ids`, `target` (text or token id; of several "
@@ -29,18 +28,11 @@ FILE_FORMAT = ("One JSON object per line: `prompt` (text) or `prompt_ids`, `targ
 
 
 def choose_pairs(ws):
-    """The pairs to patch: the sidebar's induction probe with its earlier A corrupted, or an uploaded file."""
-    source = st.radio("Pairs", [BUILT_IN, UPLOAD], horizontal=True, key="patch_source")
-    if source == BUILT_IN:
-        if ws.task != "induction":
-            st.info("The built-in counterfactual corrupts the induction probe: choose the induction task in the "
-                    "sidebar, or upload a probe file.")
-            st.stop()
-        seed = int(st.number_input("Corruption seed", 0, 2**31 - 1, 0, key="patch_corrupt_seed",
-                                   help="Seeds the token that replaces each example's earlier A."))
-        st.caption(f"{ws.spec.n_examples} induction sequences of {ws.spec.seq_len} tokens; corrupted: the earlier A "
-                   "replaced, so the query has nothing to copy while the target B and every position stay.")
-        return InductionCounterfactualSpec(ws.spec, seed=seed)
+    """The pairs to patch: the sidebar probe's built-in counterfactual (induction: the earlier A corrupted; ioi: the
+    ABC or swapped-subject prompts), or an uploaded file."""
+    built_in = built_in_source(ws.task)
+    if pair_source(ws, [built_in, UPLOAD], "patch_source") == built_in:
+        return built_in_pairs(ws, "patch")
     left, right = st.columns([3, 1])
     uploaded = left.file_uploader("Probe file (JSONL)", type=["jsonl", "json", "txt"], key="patch_file", help=FILE_FORMAT)
     padding = right.radio("Padding", PADDING_SIDES, horizontal=True, key="patch_padding",

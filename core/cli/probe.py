@@ -18,7 +18,7 @@ from core.tasks.counterfactual import InductionCounterfactualSpec
 from core.tasks.ioi import CORRUPTIONS, IoiCounterfactualSpec, IoiSpec, describe_ioi
 from core.tasks.probe_batch import MAX_SEED, ProbeBatch, check_seed
 from core.tasks.probe_file import PADDING_SIDES, ProbeFile, read_probe_file
-from core.tasks.specs import TASKS, TOKENIZER_TASKS, ProbeSpec, probe_spec
+from core.tasks.specs import PAIR_TASKS, TASKS, TOKENIZER_TASKS, ProbeSpec, built_in_counterfactual, probe_spec
 from core.tasks.tokens import tokenizer_of_folder
 
 TASK_HELP = ("probe task (default induction): induction (the [SPC] one-shot A B ... A), induction-repeat (a random "
@@ -123,9 +123,6 @@ def probe_spec_from_args(args: argparse.Namespace, model: str | None = None) -> 
     return spec
 
 
-PAIR_TASKS = ("induction", "ioi")  # tasks with a built-in counterfactual (patch, edges)
-
-
 def add_corruption_argument(parser: argparse.ArgumentParser) -> None:
     """--corruption: which counterfactual of the ioi task (patch, edges)."""
     parser.add_argument("--corruption", choices=CORRUPTIONS, default="abc",
@@ -137,11 +134,9 @@ def built_in_pairs(args: argparse.Namespace) -> InductionCounterfactualSpec | Io
     """The clean/corrupted pairs of a built-in task (patch, edges): the induction probe with its earlier A
     corrupted, or the ioi prompts with their ABC or swapped-subject twins."""
     spec = probe_spec_from_args(args)
-    if isinstance(spec, IoiSpec):
-        return IoiCounterfactualSpec(spec, args.corruption, args.corrupt_seed)
-    if args.corruption != "abc":
+    if not isinstance(spec, IoiSpec) and args.corruption != "abc":
         raise HeadLabError("--corruption chooses the ioi task's counterfactual; leave it out with --task induction.")
-    return InductionCounterfactualSpec(spec, seed=args.corrupt_seed)
+    return built_in_counterfactual(spec, args.corrupt_seed, args.corruption)
 
 
 def add_probe_file_arguments(parser: argparse.ArgumentParser,

@@ -245,8 +245,7 @@ def cross_seed_matrix(models: Sequence[Any], spec: Any, circuits: Optional[dict[
     executor: a Ray executor computes the missing cells one task per target model (matrix_column: it loads
     the target once); None or serial: here, column by column.
     """
-    mode = MATRIX_MODE
-    _induction_spec(spec)
+    mode = MATRIX_MODE  # spec: the probe the cells ablate on; a circuit not given is found on it (final_circuit: induction)
     refs = list(models)
     if not refs:
         raise HeadLabError("the cross-seed matrix needs at least one model; pick induction models.")

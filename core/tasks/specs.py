@@ -12,8 +12,9 @@ import json
 from typing import Any, Mapping, Protocol
 
 from core.errors import HeadLabError
+from core.tasks.counterfactual import InductionCounterfactualSpec
 from core.tasks.induction import InductionProbeSpec, token_source
-from core.tasks.ioi import IoiSpec, ioi_spec
+from core.tasks.ioi import IoiCounterfactualSpec, IoiSpec, ioi_spec
 from core.tasks.probe_batch import ProbeBatch
 from core.tasks.repeat import RepeatInductionSpec
 from core.tasks.text import TextProbeSpec
@@ -42,6 +43,7 @@ SPEC_CLASSES: dict[str, type] = {"induction": InductionProbeSpec, "induction-rep
                                  "text": TextProbeSpec, "ioi": IoiSpec}
 TASKS = tuple(SPEC_CLASSES)
 TOKENIZER_TASKS = ("ioi",)  # tasks built from the model's own tokenizer (none without one)
+PAIR_TASKS = ("induction", "ioi")  # tasks with a built-in counterfactual (patch, edges, the Patching and graph pages)
 
 
 def probe_spec(task: str, n_examples: int = 256, seq_len: int = 64, seed: int = 42,
@@ -80,3 +82,22 @@ def spec_from_json(data: Mapping[str, Any] | str) -> ProbeSpec:
         return cls.from_json(record)
     except (KeyError, TypeError, ValueError) as exc:
         raise HeadLabError(f"this {cls.task} probe spec is incomplete or malformed ({exc}); rebuild it with probe_spec().") from None
+
+
+def built_in_counterfactual(spec: ProbeSpec, seed: int = 0,
+                            corruption: str = "abc") -> InductionCounterfactualSpec | IoiCounterfactualSpec:
+    """The clean/corrupted pairs a built-in task offers: the induction probe with its earlier A replaced (seed draws
+    the replacement), or the IOI prompts with their ABC (seed draws the names) or swapped-subject twins.
+
+    The one rule the command line (patch, edges) and the Patching and Circuit graph pages share; any other task
+    has no counterfactual and is refused with what to pick instead.
+    """
+    if isinstance(spec, IoiSpec):
+        return IoiCounterfactualSpec(spec, corruption, seed)
+    if isinstance(spec, InductionProbeSpec):
+        if corruption != "abc":
+            raise HeadLabError("the corruption (abc, swap) chooses the ioi task's counterfactual; the induction "
+                               "counterfactual has one kind (leave it at abc), or pick the ioi task.")
+        return InductionCounterfactualSpec(spec, seed=seed)
+    raise HeadLabError(f"the {spec.task} task has no built-in counterfactual; pick the {' or '.join(PAIR_TASKS)} task, "
+                       "or give your own clean/corrupted pairs as a probe file.")

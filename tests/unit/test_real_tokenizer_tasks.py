@@ -16,7 +16,7 @@ from core.tasks.induction import InductionProbeSpec, token_source
 from core.tasks.ioi import IoiCounterfactualSpec, IoiSpec, ioi_spec
 from core.tasks.probe_file import read_probe_file
 from core.tasks.repeat import RepeatInductionSpec
-from core.tasks.specs import probe_spec, spec_from_json
+from core.tasks.specs import built_in_counterfactual, probe_spec, spec_from_json
 from core.tasks.tokens import check_tokenizer_files, id_runs, ordinary_token_ids, runs_ids, special_prefix
 
 WORDS = ("When Then After and went to the store park , . gave a drink ring to Mary John Anna Paul Kate Mark "
@@ -138,6 +138,26 @@ def test_ioi_prompts_targets_and_counterfactuals():
     with pytest.raises(HeadLabError, match="tokenizer"):
         probe_spec("ioi", 10)
 
+
+
+def test_built_in_counterfactual_follows_the_probes_task():
+    """The one rule the patch/edges commands and the Patching and Circuit graph pages use for their built-in pairs:
+    the sidebar's ioi probe gives its ABC or swapped-subject twins, induction its earlier-A corruption, other
+    tasks none (what to pick instead is said)."""
+    ioi = ioi_spec(TOK, n_examples=6, seed=3)
+    abc, swap = built_in_counterfactual(ioi, seed=5), built_in_counterfactual(ioi, 5, "swap")
+    assert abc == IoiCounterfactualSpec(ioi, "abc", 5) and swap == IoiCounterfactualSpec(ioi, "swap", 5)
+    pair = swap.build()
+    assert torch.equal(pair.clean.tokens, ioi.build().tokens)  # the clean side is the sidebar's own prompts
+    assert torch.equal(pair.corrupted_target, abc.build().corrupted_target)  # S is scored against IO on both
+    induction = probe_spec("induction", 8, 16, 1, tokenizer=TOK)
+    assert built_in_counterfactual(induction, seed=2) == InductionCounterfactualSpec(induction, seed=2)
+    with pytest.raises(HeadLabError, match="ioi task"):
+        built_in_counterfactual(induction, 2, "swap")
+    for task in ("induction-repeat", "text"):
+        with pytest.raises(HeadLabError, match=f"the {task} task has no built-in counterfactual; pick the induction "
+                                               "or ioi task"):
+            built_in_counterfactual(probe_spec(task, 8, 32, 1, tokenizer=TOK))
 
 def test_bpe_probe_file_notes_name_spacing(tmp_path):
     path = tmp_path / "p.jsonl"
