@@ -15,7 +15,7 @@ from core.ablation.study import AblationSettings, summarize_ablation
 from core.cli.backend import add_backend_arguments, executor_from_args
 from core.cli.probe import add_probe_file_arguments, add_probe_spec_arguments, probe_from_args, say_probe_notes, seed_arg
 from core.heads import parse_heads
-from core.model.loading import load_config, load_model
+from core.model.loading import bfloat16_hint, load_config, load_model
 from core.model.refs import ModelRef, list_checkpoints, resolve_checkpoint, unfinished_training
 from core.pipelines.recipe import ScreenSettings, ablate, run_recipe, screen
 from core.probe import check_probe_fits, probe_batch_for
@@ -70,6 +70,11 @@ def cli_screen(args: argparse.Namespace) -> dict:
         bar.close()
     out = report.to_json()
     say_probe_notes(report.probe_spec)
+    config = load_config(ref, list_checkpoints(ref)[-1].revision)
+    hint = bfloat16_hint(args.dtype, args.device, config.num_hidden_layers * config.num_attention_heads,
+                         getattr(config, "hidden_size", 0))
+    if hint:
+        print(f"note: {hint}")
     unfinished = unfinished_training(ref)
     if unfinished:
         print(f"note: {unfinished}.")

@@ -63,6 +63,37 @@ def dtype_name(dtype: str | torch.dtype) -> str:
     return next(name for name, value in DTYPES.items() if value == torch_dtype)
 
 
+BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags of a CPU that multiplies bfloat16 in hardware
+BF16_HINT_MIN_HEADS = 100  # the real models (SmolLM2 270 heads, Gemma-3 72 x head_dim 256) and up; zoo models stay quiet
+
+
+def cpu_has_native_bfloat16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AMX or AVX512-BF16): where `--dtype bfloat16` pays.
+
+    cpuinfo: the text of /proc/cpuinfo (read when None; no such file, e.g. macOS, reads as no)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    flags = {flag for line in cpuinfo.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[-1].split()}
+    return any(flag in flags for flag in BF16_CPU_FLAGS)
+
+
+def bfloat16_hint(dtype: str, device: str, n_heads_total: int, d_model: int, cpuinfo: str | None = None) -> str | None:
+    """One line suggesting `--dtype bfloat16` for a screen in float32 on a CPU with native bfloat16 and a model of at
+    least BF16_HINT_MIN_HEADS heads or d_model 512 (None otherwise). Not a default: bfloat16 is safe for ranking heads
+    (docs/performance.md), not for ablation deltas or patching scores, and it changes the cache key."""
+    large = n_heads_total >= BF16_HINT_MIN_HEADS or d_model >= 512
+    if dtype_name(dtype) != "float32" or not str(device).startswith("cpu") or not large:
+        return None
+    if not cpu_has_native_bfloat16(cpuinfo):
+        return None
+    return ("this CPU computes bfloat16 in hardware: --dtype bfloat16 ran the real models' forward 2.5-3x faster with "
+            "the same top heads by every probe statistic (docs/performance.md, 'bfloat16 on the real models'); keep "
+            "float32 for ablate and patch.")
+
+
 # ----------------------------------------------------------------------------- loading
 
 
