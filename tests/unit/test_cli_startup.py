@@ -17,7 +17,8 @@ import pytest
 from core.__main__ import COMMANDS, build_parser, requested_command
 
 REPO = Path(__file__).resolve().parents[2]
-HEAVY = ("torch", "transformers", "transformer_lens", "scipy", "core.cli.recipe", "core.cli.known_run")
+HEAVY = ("torch", "transformers", "transformer_lens", "scipy", "core.cli.recipe", "core.cli.known_run",
+         "core.cli.models_run")
 
 
 def _loaded_after(argv: list[str]) -> dict:
@@ -50,13 +51,16 @@ def test_help_and_a_wrong_command_import_no_heavy_library(argv):
         assert all(name in result["text"] for name in COMMANDS)
 
 
-@pytest.mark.parametrize("argv", [["known", "--help"], ["known", "--bogus"]])
-def test_a_command_whose_work_lives_apart_answers_help_and_a_wrong_flag_without_it(argv):
-    """`known` keeps its arguments in core/cli/known.py and its work in core/cli/known_run.py (loaded when it runs)."""
+@pytest.mark.parametrize("argv, says", [(["known", "--help"], "--build"), (["known", "--bogus"], "unrecognized arguments"),
+                                        (["models", "--help"], "with import: the .gguf file"),
+                                        (["models", "a", "b", "c"], "unrecognized arguments: c")])
+def test_a_command_whose_work_lives_apart_answers_help_and_a_wrong_flag_without_it(argv, says):
+    """`known` and `models` keep their arguments in core/cli/NAME.py and their work in core/cli/NAME_run.py, loaded
+    when the command runs."""
     result = _loaded_after(argv)
     assert result["heavy"] == []
     assert result["code"] in (0, 2)
-    assert "--build" in result["text"] if argv[1] == "--help" else "unrecognized arguments: --bogus" in result["text"]
+    assert says in result["text"]
 
 
 def test_the_command_named_is_the_only_one_wired():
