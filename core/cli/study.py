@@ -230,8 +230,22 @@ def ioi_markdown(report: dict) -> list[str]:
     best = np.unravel_index(int(np.argmax(copy)), copy.shape)
     out.append(f"- the largest copy score is {copy[best]:.2f} (L{best[0]}H{best[1]}); {int((copy >= t['copy']).sum())} "
                f"heads copy at least {t['copy']} of the names.")
+    out.append("- the largest direct effects, whatever their label: " + "; ".join(largest_effects(r)) + ".")
     out.append("")
     return out + circuit_markdown(ioi)
+
+
+def largest_effects(roles: dict, n: int = 4) -> list[str]:
+    """The n heads of largest |direct effect|, each with the attention and copy figures behind a role."""
+    effect = np.asarray(roles["direct_effect"])
+    attn = {k: np.asarray(v) for k, v in roles["attention"].items()}
+    copy, neg = np.asarray(roles["copy_score"]), np.asarray(roles.get("neg_copy_score", roles["copy_score"]))
+    out = []
+    for flat in np.argsort(-np.abs(effect), axis=None)[:n]:
+        l, h = np.unravel_index(int(flat), effect.shape)
+        out.append(f"L{l}H{h} {effect[l, h]:+.3f} (END->IO {attn['io'][l, h]:.2f}, END->S2 {attn['s2'][l, h]:.2f}, copy "
+                   f"{copy[l, h]:.2f}, negative copy {neg[l, h]:.2f})")
+    return out
 
 
 def _stats_cells(stats: dict) -> str:
@@ -251,11 +265,13 @@ def disposer_markdown(ioi: dict) -> list[str]:
             continue
         a, loss = d["ablation"], d["ablation"]["summary"]["metrics"].get("loss", {})
         p = d["patching"]
-        out += [f"Against {a['summary']['n_controls']} {d['controls']} random head groups"
-                f"{' (' + d['controls_note'] + ')' if d['controls_note'] else ''}:", "",
+        n = a["summary"]["n_controls"]
+        control_loss = None if a["loss_clean"] is None else a["loss_clean"] + loss.get("control_mean", 0.0)
+        out += [f"Against {n} {d['controls']} random head groups of the same size"
+                f"{'; ' + d['controls_note'] if d['controls_note'] else ''}:", "",
                 "| test | full model | circuit's heads ablated | controls' mean +- sd | rank | p |", "|---|---|---|---|---|---|",
                 f"| zero ablation, IO loss at END | {_f(a['loss_clean'])} | {_f(a['loss_ablated'])} | "
-                f"{_f(loss.get('control_mean'))} (delta) | {loss.get('rank')} | {_f(loss.get('p'))} |",
+                f"{_f(control_loss)} +- {_f(loss.get('control_std'))} | {loss.get('rank')} of {n + 1} | {_f(loss.get('p'))} |",
                 f"| patched from the ABC prompts, logit difference left (clean 1, ABC 0) | 1 | {_f(p['score'])} | "
                 f"{_stats_cells(p['stats'])} |", ""]
         out += [f"- verdict **{k}**: {v['label']} ({v['rule']})" for k, v in a["summary"]["verdicts"].items()]

@@ -39,6 +39,17 @@ def test_ioi_study_runs_resumes_and_writes_its_report(tiny_word_model, tmp_path,
     assert 0.0 <= ioi["stability"]["mean_pairwise_jaccard"] <= 1.0
     n_layers, n_heads = first["shape"]["n_layers"], first["shape"]["n_heads"]
     assert np.asarray(ioi["roles"]["direct_effect"]).shape == (n_layers, n_heads)
+    for method in ("eap", "eap-ig"):  # more than half the heads: no disjoint random group exists, so not tested
+        record = ioi[f"disposer_{method}"]
+        assert ("not_tested" in record) == (2 * len(record["heads"]) > n_layers * n_heads)
+        if "patching" in record:
+            stats = record["patching"]["stats"]
+            assert stats["n_controls"] == TINY["n_controls"] and 0 < stats["p"] <= 1
+            assert record["ablation"]["summary"]["n_controls"] == TINY["n_controls"]
+    assert {row["component"] for row in ioi["paths"]["rows"]} == {"q", "k", "v"}
+    assert [row["method"] for row in ioi["proposers"]["rows"]] == ["spectral", "pattern screen", "co-activation", "gradient"]
+    assert ioi["gradient_vs_causal"]["n_heads"] == n_layers * n_heads
+    assert ioi["acdc_cost"]["n_edges"] == ioi["edges_eap"]["n_edges"]
     again = run_study(ref, settings)  # resumable: every stage now comes from core's store
     assert all(record["cached"] for record in again["ioi"].values() if isinstance(record, dict) and "cached" in record)
     assert again["ioi"]["logit_diff"] == {**ioi["logit_diff"], "cached": True}
