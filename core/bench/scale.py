@@ -16,7 +16,9 @@ what the weights learned) and probes it with the reference batch (N = 2000, T = 
   the metric's gradient to the activations and every weight, as a training step does
   (`forward_backward_s`); `forward_input_backward_s` and the `..._over_forward_input_backward` ratios
   use the stricter floor of a backward to the activations alone (no weight gradients: EAP needs none).
-  Both bare passes unembed only the query row, as the edge runs do.
+  Both bare passes unembed only the query row, as the edge runs do. On the CPU the edge part also records
+  the peak resident growth of one EAP run and of one patched forward against the estimates that chunk them
+  (`eap_peak_over_estimate`, `patched_peak_over_estimate`: at most 1 when the estimate is an upper bound).
 The bare forward of `instrumented_over_bare` unembeds only the query row as the instrumented pass does
 (core.bench.probe.bare_pass): full-vocabulary logits at every position were extra work the pass never does.
 On these CPUs one bare pass over the full reference batch takes tens of minutes, so `--n` scales N
@@ -27,22 +29,26 @@ down (the JSON says which N was used); on a GPU run it at the full N with `--dev
 
 from __future__ import annotations
 
+import ctypes
 import resource
 import statistics
 import sys
 import time
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from core.ablation.edges import EdgeSettings, edge_attribution, edge_graph_of
-from core.ablation.edges.runs import edge_query_logits
+from core.ablation.edges.memory import edge_forward_bytes, edge_pair_bytes
+from core.ablation.edges.runs import edge_chunks, edge_query_logits, mean_value
 from core.ablation.patching.runs import metric_values
 from core.bench.ablation import matched_conditions, random_bridge, time_conditions
 from core.bench.probe import bench_probe
 from core.heads import HeadSet
 from core.model.hooks import hook_name, model_dtype, model_shape
 from core.model.loading import dtype_name, load_model
+from core.model.memory import ForwardShape
 from core.model.refs import ModelRef, checkpoint_path, resolve_checkpoint
 from core.tasks.counterfactual import InductionCounterfactualSpec, PatchPair
 from core.tasks.induction import reference_probe_spec
@@ -60,6 +66,54 @@ def bench_selection(n_layers: int, n_heads: int) -> HeadSet:
     L4H3, L4H9, L6H1, L6H10), so prefix reuse replays the blocks from a third of the way up."""
     low, mid = n_layers // 3, n_layers // 2
     return HeadSet(((low, n_heads // 4), (low, 3 * n_heads // 4), (mid, 1), (mid, n_heads - 2)))
+
+
+def _reset_peak_rss() -> bool:
+    """Hand freed heap back (glibc) and reset the process's peak resident memory (Linux clear_refs "5"); False
+    where refused, so the next peak is the next run's own."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_rss() -> int:
+    """The peak resident bytes since the last reset (VmHWM)."""
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def edge_memory(model: Any, pair: PatchPair, settings: EdgeSettings) -> dict:
+    """Peak resident growth of one EAP run and of one patched forward (half the edges removed) over all the pairs in
+    one chunk, against the estimates that chunk edge runs (core.ablation.edges.memory); {} where the peak cannot be
+    reset (not Linux) or on a GPU."""
+    if next(model.parameters()).device.type != "cpu" or not sys.platform.startswith("linux") or not _reset_peak_rss():
+        return {}
+    graph, shape, n = edge_graph_of(model), ForwardShape.of_model(model), pair.n_examples
+    one_chunk = EdgeSettings(allow_small_gap=True, batch_size=n)
+    _reset_peak_rss()
+    before = _peak_rss()
+    edge_attribution(model, pair, one_chunk)
+    eap = _peak_rss() - before
+    chunks, _ = edge_chunks(model, pair, one_chunk, graph)
+    removed = np.random.default_rng(0).random(graph.n_edges) < 0.5
+    _reset_peak_rss()
+    before = _peak_rss()
+    mean_value(model, graph, chunks, removed, settings.metric)
+    patched = _peak_rss() - before
+    eap_estimate = n * edge_pair_bytes(shape, graph, pair.seq_len, grad=True)
+    patched_estimate = n * edge_forward_bytes(shape, graph, pair.seq_len, grad=False)
+    return {"eap_peak_growth_bytes": eap, "eap_estimate_bytes": eap_estimate, "eap_peak_over_estimate": eap / eap_estimate,
+            "patched_peak_growth_bytes": patched, "patched_estimate_bytes": patched_estimate,
+            "patched_peak_over_estimate": patched / patched_estimate,
+            "memory_note": "growth of the peak resident memory during the run (weights and the interpreter excluded) "
+                           "against the estimate that chunks it; the patched forward's excludes the kept runs"}
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -137,6 +191,7 @@ def bench_edge_scale(model: Any, pair: PatchPair, repeats: int = 1, ig_steps: in
         "eap_ig_s": lambda: edge_attribution(model, pair, settings, ig_steps=ig_steps),
     }, repeats, device)
     graph = edge_graph_of(model)
+    memory = edge_memory(model, pair, settings)
     return {
         "edge_pairs": pair.n_examples, "edge_seq_len": pair.seq_len, "edge_task": str(pair.spec.get("task", "")),
         "edges": graph.n_edges, "ig_steps": int(ig_steps), **med,
@@ -144,6 +199,7 @@ def bench_edge_scale(model: Any, pair: PatchPair, repeats: int = 1, ig_steps: in
         "eap_ig_over_forward_backward": med["eap_ig_s"] / med["forward_backward_s"],
         "eap_over_forward_input_backward": med["eap_s"] / med["forward_input_backward_s"],
         "eap_ig_over_forward_input_backward": med["eap_ig_s"] / med["forward_input_backward_s"],
+        **memory,
     }
 
 

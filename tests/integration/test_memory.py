@@ -11,12 +11,16 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from transformer_lens.model_bridge import TransformerBridge
 from transformers import AutoModelForCausalLM, GPTNeoXConfig
 
 import core.ablation.engine as engine
+from core.ablation.edges import EdgeSettings, edge_attribution, edge_graph_of
+from core.ablation.edges.memory import edge_forward_bytes, edge_pair_bytes
+from core.ablation.edges.runs import edge_chunks, mean_value
 from core.ablation.engine import _example_bytes, run_conditions
 from core.ablation.spec import Ablation
 from core.errors import HeadLabError
@@ -24,6 +28,7 @@ from core.heads import HeadSet
 from core.model.memory import ForwardShape, lean_forward
 from core.probe import collect_head_stats, probe_chunk_size, probe_example_bytes
 from core.tasks import InductionProbeSpec
+from core.tasks.counterfactual import InductionCounterfactualSpec
 from tests.tiny_models import save_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -121,7 +126,7 @@ def measure_peaks() -> None:
     run_conditions(model, warm, conditions[:1])
 
     if not _reset_peak():
-        print(json.dumps({"probe": None, "engine": None}))
+        print(json.dumps({"probe": None, "engine": None, "edges_eap": None, "edges_patched": None}))
         return
     per_example, stored = probe_example_bytes(model, seq_len)  # the results are written during the chunk
     out = {"probe": {"measured": _peak_growth(lambda: collect_head_stats(model, batch, chunk_size=n)),
@@ -133,7 +138,27 @@ def measure_peaks() -> None:
     engine._auto_example_batch = lambda *args: n  # all n examples in one batch (n = 24 is not a power of two)
     out["engine"] = {"measured": _peak_growth(lambda: run_conditions(model, batch, conditions)),
                      "estimate": estimate}
+    out.update(measure_edge_peaks(model))
     print(json.dumps(out))
+
+
+def measure_edge_peaks(model, n_pairs: int = 8, seq_len: int = 64) -> dict:
+    """An edge run's peak growth against its estimate (core.ablation.edges.memory), one chunk of n_pairs: EAP
+    end to end (the recorded runs kept, the gradient pass) and one patched forward with half the edges removed."""
+    spec = InductionProbeSpec(n_examples=n_pairs, seq_len=seq_len, token_low=100, token_high=1000, seed=1)
+    pair = InductionCounterfactualSpec(spec, seed=0).build()
+    settings = EdgeSettings(allow_small_gap=True, batch_size=n_pairs)  # random weights: no gap to keep
+    graph, shape = edge_graph_of(model), ForwardShape.of_model(model)
+    edge_attribution(model, pair.select(slice(0, 1)), settings)  # lazy set-up out of the way
+    _reset_peak()
+    out = {"edges_eap": {"measured": _peak_growth(lambda: edge_attribution(model, pair, settings)),
+                         "estimate": n_pairs * edge_pair_bytes(shape, graph, seq_len, grad=True)}}
+    chunks, _ = edge_chunks(model, pair, settings, graph)
+    removed = np.random.default_rng(0).random(graph.n_edges) < 0.5
+    _reset_peak()
+    out["edges_patched"] = {"measured": _peak_growth(lambda: mean_value(model, graph, chunks, removed, "logit_diff")),
+                            "estimate": n_pairs * edge_forward_bytes(shape, graph, seq_len, grad=False)}
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +171,7 @@ def peaks() -> dict:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the peak resident memory is read from Linux's /proc")
-@pytest.mark.parametrize("what", ["probe", "engine"])
+@pytest.mark.parametrize("what", ["probe", "engine", "edges_eap", "edges_patched"])
 def test_estimate_bounds_the_measured_peak(peaks, what):
     """One chunk's peak resident growth stays under the estimate, and is a real share of it (else the
     measurement missed the chunk). Without lean_forward the twelve layers' kept attention patterns

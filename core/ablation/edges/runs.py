@@ -30,14 +30,15 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from core.ablation.edges.graph import HEAD_INPUTS, LOGITS, EdgeGraph, edge_graph_of, edge_graph_of_config
+from core.ablation.edges.graph import HEAD_INPUTS, LOGITS, EdgeGraph, edge_graph_of
 from core.ablation.patching.paths import split_qkv_inputs
 from core.ablation.patching.runs import (PATCH_METRICS, PatchSettings, check_pair_fits, checked_gap, metric_values,
                                          query_logits)
 from core.errors import HeadLabError
 from core.model.hooks import head_output_weights, hook_name, mask_kwargs, mlp_hook_name, model_device, model_shape
-from core.model.memory import (SAFETY_FRACTION, ForwardShape, chunk_size_for, estimate_memory_bytes, forward_bytes,
-                               lean_forward, memory_budget)
+from core.ablation.edges.memory import (check_edge_run_fits, edge_forward_bytes, edge_pair_bytes,  # noqa: F401
+                                        kept_pair_bytes)
+from core.model.memory import ForwardShape, chunk_size_for, lean_forward, memory_budget
 from core.results import JsonResult
 from core.stats.patching import normalized_score
 from core.tasks.counterfactual import PatchPair
@@ -87,7 +88,8 @@ class EdgeChunk:
     tokens: [row, pos] clean prompts (the base run); query, target: [row]; other_target: [row] or None;
     attention_mask: [row, pos] or None; clean_acts, source_acts: [sender, row, pos, d_model] (source:
     the corrupted run, or its mean); clean_logprobs: [row, vocab] at the query (for "kl");
-    clean_values, corrupted_values: [row] of the pair metric.
+    clean_values, corrupted_values: [row] of the pair metric; source_is_run: the source is the corrupted run
+    itself (resample), not its mean, so the run with every edge removed is that run.
     """
 
     tokens: torch.Tensor
@@ -100,6 +102,7 @@ class EdgeChunk:
     clean_logprobs: torch.Tensor
     clean_values: torch.Tensor
     corrupted_values: torch.Tensor
+    source_is_run: bool = True
 
     @property
     def rows(self) -> int:
@@ -114,7 +117,8 @@ class EdgeHooks:
     removed edge carries; embed_override: a function of the embeddings [row, pos, d_model] (EAP-IG's
     interpolation); scale: the fraction of each removed edge's patch applied (1: the whole patch; small: a
     first-order probe); score_diff: [sender, row, pos, d_model] or None, (source - clean) for EAP: the forward
-    then needs grad from `embed_input` and the backward fills `scores` [sender, receiver] (below).
+    then needs grad from `embed_input`, the backward fills `scores` [sender, receiver] (below), and no sender
+    output but the embeddings is recorded (the differences come from the recorded runs).
 
     Why it is laid out so (a real model has ~300 senders and ~840 receivers): a patched forward keeps one
     buffer of every sender's (source - current) [sender, row * pos * d_model], filled as the senders are
@@ -138,7 +142,7 @@ class EdgeHooks:
         self.reach = graph.reach.tolist()  # the senders reaching receiver j are a prefix of graph.senders
         self.patch_buffer: torch.Tensor | None = None  # [sender, row * pos * d_model]: source - current, filled up to
         self.filled = 0  # ... this many senders
-        self.layer_patch: dict[int, tuple[list[int], torch.Tensor | None]] = {}  # layer -> (receivers, [r, row, pos, d])
+        self.layer_patch: tuple[int, torch.Tensor | None] | None = None  # (layer, its q/k/v patch [r, row, pos, d])
         self.score_diff = None if score_diff is None else score_diff.reshape(score_diff.shape[0], -1)  # [sender, K]
         self.scores = None if score_diff is None else torch.zeros(graph.mask.shape, dtype=score_diff.dtype,
                                                                   device=score_diff.device)  # [sender, receiver]
@@ -162,6 +166,8 @@ class EdgeHooks:
         w_o = self.w_o[layer]
 
         def hook(z, hook=None):  # z: [row, pos, head, d_head]
+            if self.score_diff is not None:  # scoring reads the recorded senders: none is kept in the graph
+                return z
             out = torch.einsum("bphd,hdm->hbpm", z, w_o.to(z.dtype))  # [head, row, pos, d_model]
             for h in range(out.shape[0]):
                 self.current[first + h] = out[h]
@@ -174,6 +180,8 @@ class EdgeHooks:
         gain, eps = self.post_norms[layer]
 
         def hook(x, hook=None):  # x: [row, pos, d_model], the attention output entering the norm
+            if self.score_diff is not None:
+                return x
             scale = post_norm_scales(x, gain, eps)  # [row, pos, d_model]
             for h in range(self.graph.n_heads):
                 self.current[first + h] = self.current[first + h] * scale.to(x.dtype)
@@ -184,7 +192,8 @@ class EdgeHooks:
         index = self.sender_at[f"MLP{layer}"]
 
         def hook(x, hook=None):
-            self.current[index] = x
+            if self.score_diff is None:
+                self.current[index] = x
             return x
         return hook
 
@@ -210,7 +219,7 @@ class EdgeHooks:
         if active.numel() == 0:
             return None
         buffer = self._fill(prefix, like)
-        if 2 * active.numel() >= prefix:  # most senders: one product over the whole prefix
+        if 4 * active.numel() >= prefix:  # many senders: one product over the whole prefix, no copy
             diff, weights = buffer[:prefix], chosen
         else:  # a few (one edge at a time): only their rows
             diff, weights = buffer.index_select(0, active), chosen.index_select(0, active)
@@ -222,10 +231,10 @@ class EdgeHooks:
     def _layer_delta(self, layer: int, component: str, like: torch.Tensor) -> torch.Tensor | None:
         """One component's patch [head, row, pos, d_model], the layer's q, k and v computed together (no sender
         is added between the three hooks)."""
-        if layer not in self.layer_patch:
+        if self.layer_patch is None or self.layer_patch[0] != layer:  # one layer's patch kept at a time
             receivers = [self.receiver_at[f"L{layer}H{h}.{c}"] for c in HEAD_INPUTS for h in range(self.graph.n_heads)]
-            self.layer_patch[layer] = (receivers, self._delta(receivers, like))
-        _, delta = self.layer_patch[layer]
+            self.layer_patch = (layer, self._delta(receivers, like))
+        delta = self.layer_patch[1]
         if delta is None:
             return None
         n = self.graph.n_heads
@@ -267,7 +276,12 @@ class EdgeHooks:
         float, zero off the edges."""
         for group in list(self.pending):
             self._score(group)
-        return self.scores * torch.from_numpy(self.graph.mask).to(self.scores.device)
+        scores = self.scores * torch.from_numpy(self.graph.mask).to(self.scores.device)
+        # drop what the forward held: the hooks' closures make reference cycles that only the garbage collector
+        # would break, so a run of many passes (EAP-IG) would otherwise keep each pass's tensors for a while
+        self.current.clear()
+        self.score_diff = self.scores = self.embed_input = None
+        return scores
 
     # --------------------------------------------------------------------------------- hooks
 
@@ -430,34 +444,6 @@ def pair_metric(settings: EdgeSettings) -> str:
     return "logit_diff" if settings.metric == "kl" else settings.metric
 
 
-def kept_pair_bytes(shape: ForwardShape, graph: EdgeGraph, seq_len: int) -> int:
-    """Bytes of one pair's sender outputs, clean and corrupted ([sender, pos, d_model] twice, float32): kept for
-    every pair of the run (ACDC and the curves revisit every chunk)."""
-    return 2 * len(graph.senders) * int(seq_len) * shape.d_model * 4
-
-
-def edge_forward_bytes(shape: ForwardShape, graph: EdgeGraph, seq_len: int, grad: bool) -> int:
-    """Peak bytes one pair adds to one edge forward (and backward, with grad).
-
-    One layer's activations with the per-head q/k/v residual copies (3 x n_heads, each also normed; under
-    GQA the k and v copies are per query head too), and the logits at every position once (the
-    unembedding's output is not kept per layer; with a 262k vocabulary it is the largest term). With grad,
-    every layer's activations are kept for the backward, the logits' gradient, and the receivers' gradients.
-    """
-    residual = int(seq_len) * shape.d_model * 4
-    logits = forward_bytes(shape, seq_len, logit_rows=seq_len) - forward_bytes(shape, seq_len, logit_rows=0)
-    layer = forward_bytes(shape, seq_len, logit_rows=0) + 3 * graph.n_heads * residual * 2
-    if not grad:
-        return layer + logits
-    # the backward through the query-row indexing makes a gradient of the full logits' size
-    return (graph.n_layers + 1) * layer + 2 * logits + len(graph.receivers) * residual
-
-
-def edge_pair_bytes(shape: ForwardShape, graph: EdgeGraph, seq_len: int, grad: bool) -> int:
-    """Peak bytes one clean/corrupted pair adds to an edge run: its kept sender outputs and its forward."""
-    return kept_pair_bytes(shape, graph, seq_len) + edge_forward_bytes(shape, graph, seq_len, grad)
-
-
 def edges_per_chunk(model: Any, pair: PatchPair, graph: EdgeGraph, settings: EdgeSettings, grad: bool = False) -> int:
     """Pairs per forward: settings.batch_size, else as many as the free memory holds once every pair's sender
     outputs are set aside (HeadLabError when none fits)."""
@@ -467,26 +453,6 @@ def edges_per_chunk(model: Any, pair: PatchPair, graph: EdgeGraph, settings: Edg
     return chunk_size_for(edge_forward_bytes(shape, graph, pair.seq_len, grad), pair.n_examples,
                           memory_budget(model_device(model)), "edge patching",
                           reserved=pair.n_examples * kept_pair_bytes(shape, graph, pair.seq_len))
-
-
-def check_edge_run_fits(config: Any, seq_len: int, dtype: torch.dtype, grad: bool, device: str = "cpu",
-                        available_bytes: int | None = None) -> int:
-    """Refuse, before the model is loaded, an edge run whose weights and one pair cannot fit; returns the bytes.
-
-    The weights as core.model.memory estimates them, plus one pair of `seq_len` tokens (edge_pair_bytes,
-    with gradients for EAP and EAP-IG), against the share of the free memory HeadLab may use.
-    """
-    weights = estimate_memory_bytes(config, dtype)
-    one_pair = edge_pair_bytes(ForwardShape.of_config(config, dtype), edge_graph_of_config(config), seq_len, grad)
-    budget = memory_budget(device, available_bytes)
-    if weights + one_pair > budget:
-        raise HeadLabError(
-            f"an edge run on this model needs ~{(weights + one_pair) / 1e9:.2f} GB: {weights / 1e9:.2f} GB for the "
-            f"weights and {one_pair / 1e9:.2f} GB for one pair of {int(seq_len)} tokens"
-            f"{' with its gradients' if grad else ''}, more than the {budget / 1e9:.2f} GB HeadLab may use "
-            f"({SAFETY_FRACTION:.0%} of the free memory); use shorter pairs (--seq-len), a smaller dtype "
-            "(--dtype bfloat16) or another device (--device cuda).")
-    return weights + one_pair
 
 
 def edge_query_logits(model: Any, tokens: torch.Tensor, query: torch.Tensor, hooks: Sequence[Hook],
@@ -544,7 +510,7 @@ def edge_chunks(model: Any, pair: PatchPair, settings: EdgeSettings, graph: Edge
         mean = (total / pair.n_examples).float()
         chunks = [EdgeChunk(c.tokens, c.query, c.target, c.other_target, c.attention_mask, c.clean_acts,
                             mean[:, None].expand_as(c.source_acts).to(c.source_acts.dtype), c.clean_logprobs,
-                            c.clean_values, c.corrupted_values) for c in chunks]
+                            c.clean_values, c.corrupted_values, source_is_run=False) for c in chunks]
     gap = checked_gap([c.clean_values for c in chunks], [c.corrupted_values for c in chunks], settings.gap_settings())
     return chunks, gap
 
@@ -585,10 +551,16 @@ def mean_value(model: Any, graph: EdgeGraph, chunks: Sequence[EdgeChunk], remove
 
 
 def run_values(model: Any, graph: EdgeGraph, chunks: Sequence[EdgeChunk], metric: str) -> RunValues:
-    """The clean run's and the every-edge-removed run's mean metric (for "kl": 0 and KL(clean || all removed))."""
+    """The clean run's and the every-edge-removed run's mean metric (for "kl": 0 and KL(clean || all removed)).
+
+    With every edge removed the receivers read the source run's residuals, so under "resample" that run is the
+    corrupted run already recorded (the same value to float rounding: tests/integration/test_edges.py) and no
+    forward is spent on it; under "mean" (and for "kl") it is run."""
     n = sum(c.rows for c in chunks)
     if metric == "kl":
         return RunValues(0.0, mean_value(model, graph, chunks, np.ones(graph.n_edges, dtype=bool), metric))
     clean = sum(float(c.clean_values.double().sum()) for c in chunks) / n
+    if all(c.source_is_run for c in chunks):
+        return RunValues(clean, sum(float(c.corrupted_values.double().sum()) for c in chunks) / n)
     corrupted = mean_value(model, graph, chunks, np.ones(graph.n_edges, dtype=bool), metric)
     return RunValues(clean, corrupted)
