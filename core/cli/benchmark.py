@@ -157,6 +157,33 @@ def summary_text(report: dict) -> str:
     return "\n".join(lines)
 
 
+def separation_markdown(report: dict) -> list[str]:
+    """report.md's sections on ACDC's threshold sweep and on where the methods separate (issue 43); none for a
+    report made before them."""
+    out = []
+    sweep = report.get("acdc_sweep")
+    if sweep and sweep["table"]:
+        out += ["", "### ACDC's threshold sweep", "",
+                f"ACDC run at each threshold of {', '.join(map(str, sweep['thresholds']))}; ROC: {sweep['curve']}. "
+                "The area is the figure ACDC's paper reports (its anchors above).", "",
+                "| task | seeds | sweep ROC AUC [interval] |", "|---|---|---|"]
+        out += [f"| {row['task']} | {row['n_scored']} | {_cell(row)} |" for row in sweep["table"]]
+    if "separations" in report:
+        out += ["", "## Where the methods separate", "",
+                "Pairs of methods whose bootstrap intervals over a task's seeds do not overlap (the first lies "
+                "wholly above the second)." if report["separations"] else
+                "No two methods' intervals over seeds are disjoint on any task: on these models every method that "
+                "scores heads or edges at all ranks the circuit the same way, within the seeds' spread.", ""]
+        if report["separations"]:
+            out += ["| level | task | measure | above [interval] | below [interval] |", "|---|---|---|---|---|"]
+            for s in report["separations"]:
+                out.append(f"| {s['level']} | {s['task']} | {s['measure']} | {s['above']} {_fmt(s['above_mean'])} "
+                           f"[{_fmt(s['above_interval'][0], 2)}, {_fmt(s['above_interval'][1], 2)}] | {s['below']} "
+                           f"{_fmt(s['below_mean'])} [{_fmt(s['below_interval'][0], 2)}, "
+                           f"{_fmt(s['below_interval'][1], 2)}] |")
+    return out
+
+
 def report_markdown(report: dict, figures: dict[str, str] | None = None) -> str:
     """report.md from report.json: every number is read from the report, none typed."""
     figures = figures or {}
@@ -231,6 +258,7 @@ def report_markdown(report: dict, figures: dict[str, str] | None = None) -> str:
     edge_reasons = sorted({why for r in report["table"] if r.get("level") == "edge" for why in r["not_applicable"]})
     if edge_reasons:
         out += [""] + [f"- n/a: {why}" for why in edge_reasons]
+    out += separation_markdown(report)
     out += ["", "## Disposer verdicts", "",
             "| groups | n | expected | verdicts (paper rule) | right |", "|---|---|---|---|---|"]
     for kind, acc in report["verdicts"].items():

@@ -41,13 +41,13 @@ benchmark_report.py.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from core.ablation.edges import EdgeSettings, acdc, edge_attribution
 from core.ablation.patching import PatchSettings, activation_patching, attribution_patching
 from core.errors import HeadLabError
 from core.executor import ProgressBar
@@ -58,8 +58,11 @@ from core.model.refs import Checkpoint, list_checkpoints, resolve_checkpoint
 from core.pipelines.benchmark_cases import (BENCHMARK_VERSION, CACHE_KIND, BenchmarkCase, _item_key, _item_path,
                                             cached_item, check_known_heads, known_case, known_cases, random_groups,
                                             task_and_seed, true_edge_mask)
+from core.pipelines.benchmark_edges import (ACDC_SWEEP, ACDC_THRESHOLD, EDGE_LABELS, EDGE_METHOD_NAMES,
+                                            EDGE_METHODS, IG_STEPS, EdgeMethod, EdgeScoresOf)
 from core.pipelines.benchmark_report import (EXPECTED, GROUP_KINDS, PUBLISHED_ANCHORS, PUBLISHED_LABEL,
-                                             report_fingerprint, score_table, verdict_accuracy)
+                                             report_fingerprint, score_table, separations, sweep_roc, sweep_table,
+                                             true_head_ranks, verdict_accuracy)
 from core.pipelines.proposers import DISPOSER, CircuitProposal, dispose, probe_gradient_magnitudes, top_heads
 from core.pipelines.recipe import screen_checkpoint, spectral_left_out
 from core.probe import head_stats
@@ -74,7 +77,8 @@ from core.tasks.counterfactual import PatchPair
 # re-exported: the cases, the cache and the report were split into benchmark_cases.py and benchmark_report.py
 __all__ = ["BENCHMARK_VERSION", "CACHE_KIND", "BenchmarkCase", "_item_key", "_item_path", "cached_item",
            "check_known_heads", "known_case", "known_cases", "random_groups", "task_and_seed", "true_edge_mask",
-           "EXPECTED", "GROUP_KINDS", "PUBLISHED_ANCHORS", "PUBLISHED_LABEL", "report_fingerprint", "score_table",
+           "ACDC_SWEEP", "ACDC_THRESHOLD", "EDGE_LABELS", "EDGE_METHOD_NAMES", "EDGE_METHODS", "IG_STEPS",
+           "EdgeMethod", "EdgeScoresOf", "EXPECTED", "GROUP_KINDS", "PUBLISHED_ANCHORS", "PUBLISHED_LABEL", "report_fingerprint", "score_table",
            "verdict_accuracy"]
 
 
@@ -303,62 +307,6 @@ HEAD_METHODS: tuple[HeadMethod, ...] = (
 HEAD_METHOD_NAMES = tuple(m.name for m in HEAD_METHODS)
 
 
-ACDC_THRESHOLD = 0.01  # core.pipelines.edges.EdgePlan's default
-IG_STEPS = 5
-
-
-@dataclass(frozen=True)
-class EdgeScoresOf(JsonResult):
-    """One edge method's scores on one case: every edge's text ([edge], core.ablation.edges' order) and score,
-    or the reason there are none."""
-
-    method: str
-    edges: tuple[str, ...]
-    scores: Optional[np.ndarray]
-    not_applicable: str = ""
-    notes: tuple[str, ...] = ()
-
-
-def _edge_scores(method: str) -> Callable[[_Loaded], EdgeScoresOf]:
-    """EAP and EAP-IG: |estimated fraction of the clean-corrupted gap lost| when the edge alone is patched; ACDC:
-    the increase of its distance when the edge is removed in its pruning pass (kept edges at or above the threshold,
-    edges of a pruned receiver 0). The removed edges carry the corrupted run's sender outputs (resample)."""
-
-    def scores_of(x: _Loaded) -> EdgeScoresOf:
-        settings = EdgeSettings(metric="logit_diff", replacement="resample", allow_small_gap=True)
-        if method == "acdc":
-            result = acdc(x.model, x.pairs, ACDC_THRESHOLD, settings)
-            values = np.asarray(result.scores, dtype=np.float64)
-            notes = (f"ACDC threshold {ACDC_THRESHOLD}: kept {int(np.asarray(result.kept).sum())} edges",)
-        else:
-            result = edge_attribution(x.model, x.pairs, settings, ig_steps=None if method == "eap" else IG_STEPS)
-            values = np.abs(np.asarray(result.scores, dtype=np.float64))
-            notes = () if method == "eap" else (f"{IG_STEPS} interpolation steps",)
-        return EdgeScoresOf(EDGE_LABELS[method], tuple(result.edges), values, notes=notes)
-
-    return scores_of
-
-
-EDGE_LABELS = {"eap": "EAP", "eap-ig": "EAP-IG", "acdc": "ACDC"}
-
-
-@dataclass(frozen=True)
-class EdgeMethod:
-    """A way to score every edge of a case's graph, scored by the same measures against the case's true edges."""
-
-    name: str
-    score: str
-    run: Callable[[_Loaded], EdgeScoresOf]
-
-
-EDGE_METHODS: tuple[EdgeMethod, ...] = (
-    EdgeMethod("EAP", "|gradient x (corrupted - clean) sender output|, as a fraction of the gap", _edge_scores("eap")),
-    EdgeMethod("EAP-IG", f"the same, the gradient averaged over {IG_STEPS} embedding interpolations", _edge_scores("eap-ig")),
-    EdgeMethod("ACDC", f"distance increase when pruned (threshold {ACDC_THRESHOLD}, reverse topological order)",
-               _edge_scores("acdc")),
-)
-EDGE_METHOD_NAMES = tuple(m.name for m in EDGE_METHODS)
-
 
 # ---------------------------------------------------------------------------------------------
 # the known models as cases
@@ -513,8 +461,11 @@ def run_case(case: BenchmarkCase, settings: BenchmarkSettings, device: str = "cp
         scored = EdgeScoresOf.from_json(result)
         entry = {"score": method.score, **scored.to_json()}
         if scored.scores is not None:
+            truth_edges = true_edge_mask(case, scored.edges)
             entry["recovery"] = {m: r.to_json() for m, r in recovery_all(
-                scored.scores, true_edge_mask(case, scored.edges), settings.n_draws, settings.perm_seed).items()}
+                scored.scores, truth_edges, settings.n_draws, settings.perm_seed).items()}
+            if scored.sweep:
+                entry["sweep_roc"] = sweep_roc(scored.sweep["thresholds"], scored.sweep["kept"], truth_edges)
         edge_methods.append(entry)
         tick(f"{case.name}: {method.name}")
     groups: list[tuple[str, str, HeadSet]] = [("truth", "true circuit", case.truth)]
@@ -583,6 +534,7 @@ def benchmark(cases: Sequence[BenchmarkCase], settings: BenchmarkSettings = Benc
     methods = [{"name": m.name, "kind": m.kind, "score": m.score} for m in HEAD_METHODS if m.name in settings.method_names]
     timings = {r["case"]["name"]: r.pop("timings") for r in results}
     computed_on = sorted({d for r in results for d in r.pop("devices").values()})
+    table = score_table(results, settings)
     return {
         "benchmark": "HeadLab known-circuit benchmark (issue 34)",
         "version": BENCHMARK_VERSION,
@@ -601,7 +553,12 @@ def benchmark(cases: Sequence[BenchmarkCase], settings: BenchmarkSettings = Benc
         "edge_methods": [{"name": m.name, "score": m.score} for m in EDGE_METHODS if m.name in settings.edge_method_names],
         "models": [r["case"] for r in results],
         "results": results,
-        "table": score_table(results, settings),
+        "table": table,
+        "acdc_sweep": {"thresholds": list(ACDC_SWEEP), "table": sweep_table(results, settings),
+                       "curve": ("each threshold's kept edges one (FPR, TPR) point; (0, 0), the points by FPR with "
+                                 "their upper envelope, (1, 1); trapezoid area (benchmark_report.sweep_roc)")},
+        "separations": separations(table) + separations(table, "average_precision"),
+        "true_head_ranks": true_head_ranks(results),
         "verdicts": verdict_accuracy(results),
         "published": {"label": PUBLISHED_LABEL, "rows": [dict(row) for row in PUBLISHED_ANCHORS]},
         "provenance": {"versions": package_versions(), "device": ", ".join(computed_on) or device,

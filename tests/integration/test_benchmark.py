@@ -49,8 +49,12 @@ def test_quick_report_resume_equals_uninterrupted(tmp_path, monkeypatch, capsys)
         auc = methods[name]["recovery"]["roc_auc"]
         assert 0.0 <= auc["value"] <= 1.0 and auc["n_draws"] == 1000 and auc["n_true"] == 2
         assert np.asarray(methods[name]["scores"]).shape == (2, 4)
-    assert {m["method"] for m in result["edge_methods"]} == {"EAP", "EAP-IG", "ACDC"}
+    assert {m["method"] for m in result["edge_methods"]} == {"EAP", "EAP-IG", "ACDC", "ACDC (threshold sweep)"}
     assert all(m["recovery"]["roc_auc"]["n_true"] == 2 for m in result["edge_methods"])
+    sweep = next(m for m in result["edge_methods"] if m["method"] == "ACDC (threshold sweep)")
+    assert [p["threshold"] for p in sweep["sweep_roc"]["points"]] == list(bench.ACDC_SWEEP)
+    assert 0.0 <= sweep["sweep_roc"]["auc"] <= 1.0 and report["acdc_sweep"]["table"][0]["n_scored"] == 1
+    assert isinstance(report["separations"], list) and report["true_head_ranks"]
     kinds = [d["kind"] for d in result["disposals"]]
     assert kinds.count("truth") == 1 and kinds.count("random") == 3 and kinds.count("distractor") == 3
     tested = [d for d in result["disposals"] if d["verdict_paper"] != "not tested"]

@@ -1,7 +1,9 @@
 """Models whose circuit is known: the registry of builders, and the ground truth they write (truth.py).
 
 `KNOWN_MODELS` maps a model name to its builder: the hand-wired models (weights written by code,
-handwired.py: `HANDWIRED`) and the models trained with a planted circuit (planted.py: `PLANTED`).
+handwired.py: `HANDWIRED`), the models trained with a planted circuit (planted.py: `PLANTED`) and the
+hard planted ones (hard.py: `HARD`: 32 and 48 heads, a chain over three or more layers, a backup head,
+busy neighbours trained on a second task).
 
 The builder signature, one for every entry:
 
@@ -19,11 +21,12 @@ Readers: `read_circuit(folder_or_ref, n_layers=None, n_heads=None)` and `known_c
 """
 
 from core.zoo.known.handwired import HANDWIRED
+from core.zoo.known.hard import HARD
 from core.zoo.known.planted import PLANTED
 from core.zoo.known.truth import (CIRCUIT_FILE, KINDS, KnownCircuit, edge_text, known_circuit, parse_edge,
                                   read_circuit, write_circuit)
 
-KNOWN_MODELS = {**HANDWIRED, **PLANTED}
+KNOWN_MODELS = {**HANDWIRED, **PLANTED, **HARD}
 
 
 def known_kind(name: str) -> str:
@@ -31,5 +34,5 @@ def known_kind(name: str) -> str:
     return "handwired" if name in HANDWIRED else "planted"
 
 
-__all__ = ["CIRCUIT_FILE", "HANDWIRED", "KINDS", "KNOWN_MODELS", "PLANTED", "KnownCircuit", "edge_text",
+__all__ = ["CIRCUIT_FILE", "HANDWIRED", "HARD", "KINDS", "KNOWN_MODELS", "PLANTED", "KnownCircuit", "edge_text",
            "known_circuit", "known_kind", "parse_edge", "read_circuit", "write_circuit"]

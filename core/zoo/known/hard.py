@@ -1,0 +1,531 @@
+"""Planted circuits that are hard to find: many heads, a chain over three or more layers, a backup head, busy neighbours.
+
+The recipe of planted.py (SIIT-style: every head outside the allowed set resample-ablated at every step,
+attention-pattern guides on the planted heads), extended in three ways (issue 43):
+
+- **Two tasks trained jointly.** Every batch alternates rows of the circuit task and of a second task.
+  On a row of one task only that task's planted heads are live; every other head's slice of the attention
+  output is taken from the row two before (the previous row of the same task). The second task's heads are
+  the *busy neighbours*: they do real work (ablating them breaks the second task) yet carry nothing of the
+  circuit task, so a proposer that finds "busy heads" is tested against heads that matter elsewhere.
+- **A chain over three or more layers.** "ioi": BOS, distinct fillers, names S, IO, S at random places,
+  a final marker -> IO (a duplicate-token head marks the second S, an S-inhibition head at the marker
+  reads it, a name mover copies the name that is not S). "twohop": A B ... C B ... A -> C (a previous-token
+  head, a hop-one induction head, a hop-two head that reads the hop-one output), TwoHopSpec's prompts.
+- **A backup head.** On a random half of the circuit rows the primary head (the mover, the hop-two head)
+  is resample-ablated as well, so a second head learns to do its job: the primary ablated alone costs
+  little, the primary and its backup ablated together cost the task (the confirmation checks both).
+
+The ground truth is written only when `HARD_RULE` holds (checked by exhaustive patching, as in planted.py);
+confirmation.json keeps the numbers either way.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+import numpy as np
+import torch
+
+from core.ablation.patching import PatchSettings, activation_patching, path_patching
+from core.ablation.spec import Ablation
+from core.errors import HeadLabError
+from core.heads import HeadSet, head_name, parse_heads
+from core.model.loading import load_model
+from core.model.refs import MANIFEST, ModelRef, read_manifest, zoo_model_dir
+from core.results import JsonResult
+from core.tasks.counterfactual import PatchPair
+from core.tasks.known import KNOWN_TASKS, TwoHopSpec, known_task
+from core.workspace import atomic_directory, atomic_write_json
+from core.zoo.config import ModelConfig
+from core.zoo.known.planted import (BOS, CONFIRMATION, MARK, VOCAB_SIZE, _fresh, _lr_at, _PairSpec, _progress,
+                                    output_projection, planted_status, top1_under)
+from core.zoo.known.truth import KnownCircuit, write_circuit
+from core.zoo.train import _save_checkpoint, build_model, log_checkpoint_steps
+
+NAME_LOW, NAME_HIGH = 4, 24  # ioi names
+FILLER_LOW = 24  # ioi fillers [24, 64), distinct in a row
+TWOHOP_LOW, TWOHOP_HIGH = 24, 48  # the two-hop prompts' tokens
+SEQ_LEN = 16  # short rows: one model trains in minutes at one thread
+HARD_TASKS = ("ioi", "twohop")
+
+
+# ----------------------------------------------------------------------------------- rows and pairs
+
+
+def ioi_rows(rng: np.random.RandomState, n: int, seq_len: int = SEQ_LEN) -> dict[str, np.ndarray]:
+    """n IOI rows: BOS, distinct fillers, the names S (twice, at s1 < s2) and IO (once) at random places, the
+    marker MARK last; the answer is IO. Returns tokens [n, T], s_name, io_name, s1, s2, io [n]."""
+    q = seq_len - 1
+    tokens = np.empty((n, seq_len), dtype=np.int64)
+    out = {k: np.empty(n, dtype=np.int64) for k in ("s_name", "io_name", "s1", "s2", "io")}
+    for i in range(n):
+        fillers = FILLER_LOW + rng.permutation(VOCAB_SIZE - FILLER_LOW)[: seq_len]
+        tokens[i] = fillers[:seq_len]
+        tokens[i, 0], tokens[i, q] = BOS, MARK
+        s_name = _fresh(rng, NAME_LOW, NAME_HIGH, set())
+        io_name = _fresh(rng, NAME_LOW, NAME_HIGH, {s_name})
+        s1, s2, io = (1 + rng.permutation(q - 1)[:3]).tolist()
+        s1, s2 = min(s1, s2), max(s1, s2)
+        tokens[i, [s1, s2, io]] = s_name, s_name, io_name
+        for key, value in (("s_name", s_name), ("io_name", io_name), ("s1", s1), ("s2", s2), ("io", io)):
+            out[key][i] = value
+    out["tokens"] = tokens
+    return out
+
+
+@dataclass(frozen=True)
+class IoiPairSpec(_PairSpec):
+    """IOI prompts (ioi_rows) -> IO; corrupted: the second S replaced by IO, so IO is the repeated name, answer S."""
+
+    task: ClassVar[str] = "hard-ioi"
+    seq_len: int = SEQ_LEN
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.seq_len < 6 or self.seq_len > VOCAB_SIZE - FILLER_LOW:
+            raise HeadLabError(f"hard-ioi prompts hold three names and distinct fillers, so seq_len is 6 to "
+                               f"{VOCAB_SIZE - FILLER_LOW}; got {self.seq_len}.")
+
+    def build_pair(self) -> PatchPair:
+        rows = ioi_rows(np.random.RandomState(self.seed), self.n_examples, self.seq_len)
+        clean = rows["tokens"]
+        corrupted = clean.copy()
+        corrupted[np.arange(self.n_examples), rows["s2"]] = rows["io_name"]
+        batch = self._batch(clean, rows["io_name"], rows["io"] - 1)  # induction_pos = io: the name the mover reads
+        spec = {**batch.spec, "corruption": "the second S replaced by IO: IO is now the repeated name, answer S"}
+        return PatchPair(batch, torch.from_numpy(corrupted), torch.from_numpy(rows["s_name"].copy()), spec)
+
+
+KNOWN_TASKS["hard-ioi"] = IoiPairSpec
+
+
+def twohop_spec(n: int, seed: int) -> TwoHopSpec:
+    return TwoHopSpec(n_examples=n, seq_len=SEQ_LEN, token_low=TWOHOP_LOW, token_high=TWOHOP_HIGH, seed=seed)
+
+
+def twohop_rows(seed: int, n: int) -> dict[str, np.ndarray]:
+    """n two-hop rows (TwoHopSpec's clean prompts): tokens [n, T], target C [n], p and r (A B at p, C B at r) [n]."""
+    spec = twohop_spec(n, seed)
+    pair = spec.build_pair()
+    _, _, starts = spec._draw()  # the same draw build_pair made: [n, 4] pair starts p, r, s, t
+    return {"tokens": pair.clean.tokens.numpy(), "target": pair.clean.target.numpy(), "p": starts[:, 0],
+            "r": starts[:, 1]}
+
+
+# Attention-pattern guides: pattern -> the key each row's guided query attends to. Query positions: the
+# final marker/query (q) unless said; "previous-token": every position t >= 1 -> t - 1.
+PATTERNS = {"ioi": ("duplicate-token", "s-inhibition", "name-mover"),
+            "twohop": ("previous-token", "hop-one", "hop-two")}
+
+
+def guide_keys(task: str, rows: dict[str, np.ndarray], pattern: str, seq_len: int = SEQ_LEN) -> torch.Tensor:
+    """[n, query, key] bool: where a head with `pattern` should attend on these rows (no key: unguided query)."""
+    n, q = len(rows["tokens"]), seq_len - 1
+    keys = torch.zeros((n, seq_len, seq_len), dtype=torch.bool)
+    index = torch.arange(n)
+    if pattern == "previous-token":
+        pos = torch.arange(1, seq_len)
+        keys[:, pos, pos - 1] = True
+        return keys
+    query, key = {"duplicate-token": ("s2", "s1"), "s-inhibition": (None, "s2"), "name-mover": (None, "io"),
+                  "hop-one": (None, "p"), "hop-two": (None, "r")}[pattern]
+    queries = torch.full((n,), q) if query is None else torch.from_numpy(rows[query])
+    offset = 1 if pattern in ("hop-one", "hop-two") else 0  # B after A at p + 1, B after C at r + 1
+    keys[index, queries, torch.from_numpy(rows[key]) + offset] = True
+    return keys
+
+
+def hard_batch(task: str, step: int, n: int, seed: int, salt: int) -> dict[str, np.ndarray]:
+    """n rows of `task` for training step `step`: a pure function of (seed, step, salt)."""
+    stream = (int(seed) * 1_000_003 + int(step) * 7919 + salt) % (2**31 - 1)
+    if task == "ioi":
+        rows = ioi_rows(np.random.RandomState(stream), n)
+        rows["target"] = rows["io_name"]
+        return rows
+    if task == "twohop":
+        return twohop_rows(stream, n)
+    raise HeadLabError(f"unknown hard task {task!r}; use one of {', '.join(HARD_TASKS)}.")
+
+
+def task_record(task: str, n_examples: int = 128, seed: int = 0) -> dict:
+    """The circuit.json task record of a hard task (known_task rebuilds its pairs from it)."""
+    if task == "ioi":
+        return IoiPairSpec(n_examples=n_examples, seed=seed).to_json()
+    return twohop_spec(n_examples, seed).to_json()
+
+
+# ----------------------------------------------------------------------------------- the recipes
+
+
+@dataclass(frozen=True)
+class HardConfig(JsonResult):
+    """One hard planted model: its circuit task (heads, roles, guides, edges, primary and backup) and the
+    neighbour task trained jointly (its heads and guides); recorded in the manifest."""
+
+    name: str
+    task: str
+    neighbour_task: str
+    seed: int
+    circuit: dict[str, str]  # head -> pattern guide of the circuit task ("L0H1": "previous-token")
+    roles: dict[str, str]  # head -> role
+    edges: tuple[str, ...]
+    neighbours: dict[str, str]  # head -> pattern guide of the neighbour task
+    primary: str = ""
+    backup: str = ""
+    backup_rate: float = 0.5  # share of circuit rows whose primary is resample-ablated in training
+    n_layers: int = 6
+    n_heads: int = 8
+    d_model: int = 96  # d_head 12: one model trains in minutes at one thread
+    d_ff: int = 192
+    rotary_pct: float = 0.34  # 4 of each head's 12 dims rotate; the rest match tokens at any distance
+    steps: int = 1000
+    batch_size: int = 32  # half circuit rows, half neighbour rows, alternating
+    lr: float = 3e-3
+    warmup_steps: int = 30
+    decay_fraction: float = 0.3
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    pattern_weight: float = 1.0  # strong guides: at 0.1 neither chain formed in 1000 steps (0.06 top-1)
+    n_log_checkpoints: int = 12
+    pair_examples: int = 128
+    pair_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.task not in HARD_TASKS or self.neighbour_task not in HARD_TASKS or self.task == self.neighbour_task:
+            raise HeadLabError(f"a hard model's task and neighbour task are the two of {', '.join(HARD_TASKS)}.")
+        heads = parse_heads(",".join([*self.circuit, *self.neighbours]), self.n_layers, self.n_heads)
+        if len(heads) != len(self.circuit) + len(self.neighbours):
+            raise HeadLabError("a circuit head cannot also be a neighbour; pick another head.")
+        for name, pattern in self.circuit.items():
+            if pattern not in PATTERNS[self.task]:
+                raise HeadLabError(f"{name}: pattern {pattern!r} is not one of the {self.task} task's {PATTERNS[self.task]}.")
+        for name, pattern in self.neighbours.items():
+            if pattern not in PATTERNS[self.neighbour_task]:
+                raise HeadLabError(f"{name}: pattern {pattern!r} is not one of the {self.neighbour_task} task's patterns.")
+        if bool(self.primary) != bool(self.backup) or (self.primary and not {self.primary, self.backup} <= set(self.circuit)):
+            raise HeadLabError("a backup needs its primary, both circuit heads.")
+
+    @property
+    def circuit_heads(self) -> HeadSet:
+        return parse_heads(",".join(self.circuit))
+
+    @property
+    def neighbour_heads(self) -> HeadSet:
+        return parse_heads(",".join(self.neighbours))
+
+    def model_config(self) -> ModelConfig:
+        return ModelConfig(family="gpt_neox", n_layers=self.n_layers, n_heads=self.n_heads, d_model=self.d_model,
+                           d_ff=self.d_ff, vocab_size=VOCAB_SIZE, max_seq_len=SEQ_LEN, rotary_pct=self.rotary_pct)
+
+
+_IOI_HEADS = dict(circuit={"L1H3": "duplicate-token", "L2H5": "s-inhibition", "L4H2": "name-mover",
+                           "L5H6": "name-mover"},
+                  roles={"L1H3": "duplicate-token (at S2, to S1)", "L2H5": "S-inhibition (at the marker, to S2)",
+                         "L4H2": "name mover (primary: copies IO)",
+                         "L5H6": "backup name mover (takes over when L4H2 is ablated)"},
+                  edges=("L1H3->L2H5.k", "L2H5->L4H2.q", "L2H5->L5H6.q"), primary="L4H2", backup="L5H6")
+_TWOHOP_HEADS = dict(circuit={"L0H2": "previous-token", "L1H5": "hop-one", "L2H1": "hop-two", "L3H4": "hop-two"},
+                     roles={"L0H2": "previous-token", "L1H5": "hop-one induction (A -> B)",
+                            "L2H1": "hop-two (primary: B -> the token before the other B)",
+                            "L3H4": "backup hop-two (takes over when L2H1 is ablated)"},
+                     edges=("L0H2->L1H5.k", "L1H5->L2H1.q", "L1H5->L3H4.q"), primary="L2H1", backup="L3H4")
+HARD_RECIPES = {
+    # 6 x 8 = 48 heads: the IOI chain over layers 1, 2, 4, 5; neighbours do two-hop in layers 0, 2, 3
+    "hard-ioi": dict(task="ioi", neighbour_task="twohop", n_layers=6, **_IOI_HEADS,
+                     neighbours={"L0H6": "previous-token", "L2H1": "hop-one", "L3H0": "hop-two"}),
+    # 4 x 8 = 32 heads: the two-hop chain over layers 0-3; neighbours do IOI in layers 0, 1, 2
+    "hard-twohop": dict(task="twohop", neighbour_task="ioi", n_layers=4, **_TWOHOP_HEADS,
+                        neighbours={"L0H6": "duplicate-token", "L1H3": "s-inhibition", "L2H7": "name-mover"}),
+}
+SEEDS = (0, 1, 2)
+HARD_CONFIGS: dict[str, HardConfig] = {f"{base}-s{seed}": HardConfig(name=f"{base}-s{seed}", seed=seed, **recipe)
+                                       for base, recipe in HARD_RECIPES.items() for seed in SEEDS}
+
+
+# ----------------------------------------------------------------------------------- training
+
+
+def training_rows(cfg: HardConfig, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+    """One step's batch: tokens [batch, T] (even rows the circuit task, odd the neighbour task), targets [batch]
+    (the next token at the last position), dead [batch, n_layers, n_heads] (heads resample-ablated per row) and
+    the guides {head: [batch, query, key] bool}."""
+    half = cfg.batch_size // 2
+    rows = {cfg.task: hard_batch(cfg.task, step, half, cfg.seed, 1),
+            cfg.neighbour_task: hard_batch(cfg.neighbour_task, step, half, cfg.seed, 2)}
+    tokens = torch.empty((2 * half, SEQ_LEN), dtype=torch.long)
+    targets = torch.empty(2 * half, dtype=torch.long)
+    dead = torch.ones((2 * half, cfg.n_layers, cfg.n_heads), dtype=torch.bool)
+    guides = {}
+    for parity, task, heads in ((0, cfg.task, cfg.circuit), (1, cfg.neighbour_task, cfg.neighbours)):
+        tokens[parity::2] = torch.from_numpy(rows[task]["tokens"])
+        targets[parity::2] = torch.from_numpy(np.asarray(rows[task]["target"]))
+        for name, pattern in heads.items():
+            (layer, head), = parse_heads(name)
+            dead[parity::2, layer, head] = False
+            keys = torch.zeros((2 * half, SEQ_LEN, SEQ_LEN), dtype=torch.bool)
+            keys[parity::2] = guide_keys(task, rows[task], pattern)
+            guides[name] = keys
+    if cfg.primary:
+        (layer, head), = parse_heads(cfg.primary)
+        gen = torch.Generator().manual_seed(cfg.seed * 100_003 + step)
+        dead[0::2, layer, head] = torch.rand(half, generator=gen) < cfg.backup_rate
+    return tokens, targets, dead, guides
+
+
+def row_resample_hooks(model: Any, cfg: HardConfig, state: dict) -> list:
+    """Pre-hooks on each layer's output projection: the heads state["dead"][row, layer] marks take their slice
+    from the row two before (the previous row of the same task); returns the handles."""
+    d_head = cfg.d_model // cfg.n_heads
+    handles = []
+    for layer in range(cfg.n_layers):
+        def hook(module, args, layer=layer):
+            x = args[0]  # [batch, pos, n_heads * d_head]
+            columns = state["dead"][:, layer].repeat_interleave(d_head, dim=1)  # [batch, n_heads * d_head]
+            return (torch.where(columns[:, None, :], x.roll(2, dims=0), x),) + tuple(args[1:])
+
+        handles.append(output_projection(model, "gpt_neox", layer).register_forward_pre_hook(hook))
+    return handles
+
+
+def train_hard(cfg: HardConfig, out_dir: Path, stop_after_steps: int | None = None,
+               progress: Callable[[int, int, float], None] | None = None) -> dict:
+    """Train `cfg` into `out_dir` (log-spaced checkpoints, manifest.json); returns the manifest."""
+    out_dir = Path(out_dir)
+    model_cfg = cfg.model_config()
+    model = build_model(model_cfg, cfg.seed)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay,
+                                  foreach=False)
+    total = int(cfg.steps if stop_after_steps is None else min(cfg.steps, stop_after_steps))
+    planned = set(log_checkpoint_steps(total, cfg.n_log_checkpoints))
+    state: dict = {}
+    handles = row_resample_hooks(model, cfg, state)
+    checkpoints, curves = [], {"step": [], "task_loss": [], "accuracy": [], "neighbour_accuracy": [], "pattern_loss": []}
+    started = time.perf_counter()
+    try:
+        for step in range(total + 1):
+            tokens, targets, state["dead"], guides = training_rows(cfg, step)
+            out = model(tokens, output_attentions=True)
+            logits = out.logits[:, -1].float()  # [batch, vocab]
+            task_loss = torch.nn.functional.cross_entropy(logits, targets)
+            pattern_loss = torch.zeros(())
+            for name, keys in guides.items():
+                (layer, head), = parse_heads(name)
+                valid = keys.any(dim=2)  # [batch, query]
+                picked = (out.attentions[layer][:, head] * keys).sum(dim=2)  # [batch, query]
+                pattern_loss = pattern_loss - (torch.log(picked + 1e-6) * valid).sum() / valid.sum().clamp_min(1)
+            correct = (logits.argmax(-1) == targets).float()
+            if step in planned:
+                _save_checkpoint(model, model_cfg, out_dir, step)
+                checkpoints.append({"revision": f"step{step:07d}", "step": step, "tokens": step * tokens.numel(),
+                                    "loss": round(float(task_loss.detach()), 5)})
+            if step % 10 == 0 or step == total:
+                curves["step"].append(step)
+                for key, value in (("task_loss", task_loss), ("accuracy", correct[0::2].mean()),
+                                   ("neighbour_accuracy", correct[1::2].mean()), ("pattern_loss", pattern_loss)):
+                    curves[key].append(round(float(value.detach()), 5))
+            if step == total:
+                break
+            for group in optimizer.param_groups:
+                group["lr"] = _lr_at(step, cfg)
+            optimizer.zero_grad(set_to_none=True)
+            (task_loss + cfg.pattern_weight * pattern_loss).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            optimizer.step()
+            if progress is not None:
+                progress(step + 1, total, float(task_loss))
+    finally:
+        for handle in handles:
+            handle.remove()
+    manifest = {
+        "name": cfg.name, "family": "gpt_neox", "task": f"hard-{cfg.task}",
+        "config": {"model": model_cfg.to_json(), "train": {"hard": cfg.to_json(), "seed": cfg.seed, "init_from": None}},
+        "checkpoints": checkpoints, "curves": curves,
+        "final": {"steps": total, "task_loss": curves["task_loss"][-1], "train_accuracy": curves["accuracy"][-1],
+                  "neighbour_accuracy": curves["neighbour_accuracy"][-1], "pattern_loss": curves["pattern_loss"][-1]},
+        "train_seconds": round(time.perf_counter() - started, 2), "complete": True, "threads": torch.get_num_threads(),
+    }
+    atomic_write_json(out_dir / MANIFEST, manifest)
+    return manifest
+
+
+# ----------------------------------------------------------------------------------- confirmation
+
+# The rule a hard circuit must pass before circuit.json is written (fixed before any hard model was trained).
+# Effects on patching's normalized scale (clean 1, corrupted 0), as in planted.RULE; accuracies top-1 on the
+# task's clean prompts; ablations resample (the planting's).
+HARD_RULE = {
+    "clean_top1_min": 0.9,  # the model does the circuit task
+    "true_effect_min": 0.2,  # every circuit head except the primary and its backup, patched alone, both directions
+    "other_effect_max": 0.05,  # |effect| of every non-circuit head patched alone (neighbours included)
+    "others_ablated_top1_drop_max": 0.05,  # every non-circuit head ablated together
+    "true_ablated_top1_drop_min": 0.3,  # the circuit ablated together
+    "primary_alone_top1_drop_max": 0.2,  # the primary ablated alone: small damage (the backup takes over)
+    "primary_backup_top1_drop_min": 0.3,  # the primary and its backup ablated together: large damage
+    "edge_score_min": 0.1,  # each planted edge path-patched alone (denoising; a backed-up receiver shares it)
+    "neighbour_clean_top1_min": 0.9,  # the neighbours do the second task ...
+    "neighbours_ablated_top1_drop_min": 0.3,  # ... and it needs them: they are busy
+}
+HARD_RULE_TEXT = ("confirmed when: circuit task clean top-1 >= 0.9; every circuit head but the primary and its backup "
+                  "patched alone has effect >= 0.2 denoising and noising; every other head |effect| < 0.05 both ways; "
+                  "ablating every non-circuit head costs <= 0.05 top-1, the circuit >= 0.3; the primary alone <= 0.2, "
+                  "the primary and its backup together >= 0.3; each planted edge path-patched (denoising) scores >= 0.1; "
+                  "the neighbour task's clean top-1 >= 0.9 and ablating the neighbours costs it >= 0.3 "
+                  "(all ablations resample)")
+
+
+def hard_rule(denoise: np.ndarray, noise: np.ndarray, cfg: HardConfig, top1: dict[str, float],
+              edge_scores: dict[str, float]) -> dict:
+    """Apply HARD_RULE to per-head patching scores ([layer, head], both directions), the top-1 accuracies
+    (clean, true_ablated, others_ablated, primary_ablated, primary_backup_ablated, neighbour_clean,
+    neighbours_ablated) and the planted edges' path-patching scores; the checks, failures and verdict."""
+    effects = {"denoise": np.asarray(denoise, dtype=np.float64), "noise": 1.0 - np.asarray(noise, dtype=np.float64)}
+    mask = cfg.circuit_heads.mask(cfg.n_layers, cfg.n_heads)
+    exempt = {cfg.primary, cfg.backup} - {""}
+    failures = []
+    for direction, effect in effects.items():
+        for layer, head in zip(*np.nonzero(mask)):
+            if head_name((layer, head)) not in exempt and effect[layer, head] < HARD_RULE["true_effect_min"]:
+                failures.append(f"{head_name((layer, head))} {direction} effect {effect[layer, head]:.3f} < "
+                                f"{HARD_RULE['true_effect_min']}")
+        for layer, head in zip(*np.nonzero(~mask)):
+            if abs(effect[layer, head]) >= HARD_RULE["other_effect_max"]:
+                failures.append(f"{head_name((layer, head))} (not in the circuit) {direction} effect "
+                                f"{effect[layer, head]:.3f}")
+    drops = {k: top1["clean"] - top1[k] for k in ("true_ablated", "others_ablated", "primary_ablated",
+                                                  "primary_backup_ablated") if k in top1}
+    checks = [(top1["clean"] >= HARD_RULE["clean_top1_min"], f"clean top-1 {top1['clean']:.3f} < 0.9"),
+              (drops["others_ablated"] <= HARD_RULE["others_ablated_top1_drop_max"],
+               f"every other head ablated costs {drops['others_ablated']:.3f} top-1"),
+              (drops["true_ablated"] >= HARD_RULE["true_ablated_top1_drop_min"],
+               f"the circuit ablated costs only {drops['true_ablated']:.3f} top-1"),
+              (top1["neighbour_clean"] >= HARD_RULE["neighbour_clean_top1_min"],
+               f"neighbour task clean top-1 {top1['neighbour_clean']:.3f} < 0.9"),
+              (top1["neighbour_clean"] - top1["neighbours_ablated"] >= HARD_RULE["neighbours_ablated_top1_drop_min"],
+               f"ablating the neighbours costs their task only {top1['neighbour_clean'] - top1['neighbours_ablated']:.3f}")]
+    if cfg.primary:
+        checks += [(drops["primary_ablated"] <= HARD_RULE["primary_alone_top1_drop_max"],
+                    f"the primary alone ablated costs {drops['primary_ablated']:.3f} top-1 > 0.2 (no backup took over)"),
+                   (drops["primary_backup_ablated"] >= HARD_RULE["primary_backup_top1_drop_min"],
+                    f"the primary and backup ablated cost only {drops['primary_backup_ablated']:.3f} top-1")]
+    failures += [text for ok, text in checks if not ok]
+    failures += [f"edge {edge} path-patching score {score:.3f} < {HARD_RULE['edge_score_min']}"
+                 for edge, score in edge_scores.items() if score < HARD_RULE["edge_score_min"]]
+    strict = mask.copy()
+    for name in exempt:
+        (layer, head), = parse_heads(name)
+        strict[layer, head] = False
+    return {"confirmed": not failures, "failures": failures,
+            "min_true_effect": float(min(e[strict].min() for e in effects.values())) if strict.any() else None,
+            "max_other_abs_effect": float(max(np.abs(e[~mask]).max() for e in effects.values())),
+            "top1_drops": {k: round(v, 6) for k, v in drops.items()}}
+
+
+def hard_circuit(cfg: HardConfig, bounds: dict | None = None) -> KnownCircuit:
+    """The ground truth circuit.json states: circuit heads with their roles (primary and backup named), the
+    planted edges, the neighbours as distractors (busy on the other task, irrelevant to this one)."""
+    notes = (f"trained jointly on {cfg.task} (circuit) and {cfg.neighbour_task} (neighbours) rows, every head outside "
+             f"a row's task heads resample-ablated at every step, {cfg.steps} steps, seed {cfg.seed}",
+             f"backup: {cfg.backup} for {cfg.primary}, the primary resample-ablated on {cfg.backup_rate:.0%} of the "
+             f"circuit rows in training" if cfg.primary else "no backup",
+             f"distractors: the busy neighbours, which do the {cfg.neighbour_task} task ({', '.join(cfg.neighbours)})",
+             f"ground truth confirmed by exhaustive per-head activation patching (core.zoo.known.hard): {HARD_RULE_TEXT}")
+    return KnownCircuit(name=cfg.name, kind="planted", heads=cfg.circuit_heads, roles=dict(cfg.roles),
+                        edges=tuple(cfg.edges), distractors=cfg.neighbour_heads, ablation="resample",
+                        metric="logit_diff", task=task_record(cfg.task, cfg.pair_examples, cfg.pair_seed),
+                        bounds=dict(bounds or {}), notes=notes)
+
+
+def confirm_hard(cfg: HardConfig, folder: Path) -> dict:
+    """Confirm a trained hard model (final checkpoint): every head patched alone both ways on the circuit task,
+    the ablations HARD_RULE names, the planted edges path-patched, the neighbours ablated on their task."""
+    started = time.perf_counter()
+    model = load_model(ModelRef(str(folder), "local"))
+    circuit = hard_circuit(cfg)
+    pair = known_task(circuit.task).build_pair()
+    denoise = activation_patching(model, pair, PatchSettings(direction="denoise", allow_small_gap=True))
+    noise = activation_patching(model, pair, PatchSettings(direction="noise", allow_small_gap=True))
+    everyone = [(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
+    others = HeadSet(tuple(h for h in everyone if h not in circuit.heads))
+    conditions = [Ablation(circuit.heads, mode="resample", label="true"), Ablation(others, mode="resample", label="others")]
+    if cfg.primary:
+        conditions += [Ablation(parse_heads(cfg.primary), mode="resample", label="primary"),
+                       Ablation(parse_heads(f"{cfg.primary},{cfg.backup}"), mode="resample", label="primary+backup"),
+                       Ablation(parse_heads(cfg.backup), mode="resample", label="backup")]
+    clean, values = top1_under(model, pair.clean, conditions)
+    top1 = {"clean": clean, "true_ablated": values[0], "others_ablated": values[1]}
+    if cfg.primary:
+        top1.update(primary_ablated=values[2], primary_backup_ablated=values[3], backup_ablated=values[4])
+    neighbour_pair = known_task(task_record(cfg.neighbour_task, cfg.pair_examples, cfg.pair_seed)).build_pair()
+    top1["neighbour_clean"], (top1["neighbours_ablated"],) = top1_under(
+        model, neighbour_pair.clean, [Ablation(cfg.neighbour_heads, mode="resample", label="neighbours")])
+    paths = {}
+    for text in cfg.edges:
+        sender, rest = text.split("->")
+        receiver, component = rest.split(".")
+        paths[text] = round(path_patching(model, pair, parse_heads(sender), parse_heads(receiver), (component,),
+                                          PatchSettings(direction="denoise", n_controls=3, allow_small_gap=True)).score, 6)
+    verdict = hard_rule(denoise.scores, noise.scores, cfg, top1, paths)
+    bounds = {f"top1_{k}": round(v, 6) for k, v in top1.items()}
+    bounds.update({"clean": round(float(denoise.clean_value), 6), "corrupted": round(float(denoise.corrupted_value), 6),
+                   "max_other_abs_effect": round(verdict["max_other_abs_effect"], 6)})
+    return {"name": cfg.name, "task": cfg.task, "neighbour_task": cfg.neighbour_task, "seed": cfg.seed,
+            "circuit": [head_name(h) for h in circuit.heads], "neighbours": list(cfg.neighbours),
+            "primary": cfg.primary, "backup": cfg.backup, "rule": dict(HARD_RULE), "rule_text": HARD_RULE_TEXT,
+            **verdict, "top1": top1, "bounds": bounds, "edges": list(cfg.edges), "path_patching": paths,
+            "patching": {"metric": denoise.metric, "pairs": dict(pair.spec), "gap": denoise.gap,
+                         "denoise": denoise.scores.tolist(), "noise": noise.scores.tolist()},
+            "confirm_seconds": round(time.perf_counter() - started, 2)}
+
+
+# ----------------------------------------------------------------------------------- building
+
+
+def build_hard(name: str, out_dir: Path | None = None, progress: bool | Callable[[int, int], None] | None = None,
+               cfg: HardConfig | None = None) -> Path:
+    """Train, confirm and write hard model `name` into `out_dir` (default zoo_dir()/<name>); returns the folder.
+
+    As planted.build_planted: one unit of work inside atomic_directory (complete or absent); a complete folder of
+    the same config is kept, one of another config refused. cfg: a variant of the registered recipe (tests).
+    """
+    if cfg is None:
+        if name not in HARD_CONFIGS:
+            raise HeadLabError(f"unknown hard planted model {name!r}; use one of {', '.join(HARD_CONFIGS)}.")
+        cfg = HARD_CONFIGS[name]
+    final = Path(out_dir) if out_dir is not None else zoo_model_dir(name)
+    if planted_status(final) is not None:
+        if (read_manifest(final)["config"].get("train") or {}).get("hard") != cfg.to_json():
+            raise HeadLabError(f"{final} holds a hard planted model with another config; delete that folder to retrain it.")
+        return final
+    callback, close = _progress(progress, name, cfg.steps)
+    try:
+        with atomic_directory(final) as tmp:
+            train_hard(cfg, tmp, progress=callback)
+            install_hard(cfg, tmp)
+    finally:
+        close()
+    return final
+
+
+def install_hard(cfg: HardConfig, folder: Path) -> dict:
+    """Confirm the trained model in `folder` and write confirmation.json, and circuit.json (beside the manifest and
+    in every checkpoint) when the rule holds; returns the confirmation record."""
+    record = confirm_hard(cfg, folder)
+    manifest = read_manifest(folder)
+    record.update(train_seconds=manifest["train_seconds"], steps=cfg.steps, final=manifest["final"])
+    atomic_write_json(Path(folder) / CONFIRMATION, record)
+    if record["confirmed"]:
+        circuit = hard_circuit(cfg, record["bounds"])
+        for checkpoint in manifest["checkpoints"]:
+            write_circuit(Path(folder) / "checkpoints" / checkpoint["revision"], circuit)
+        write_circuit(folder, circuit)
+    return record
+
+
+# name -> builder(out_dir=None, progress=None) -> Path (the signature in core/zoo/known/__init__.py)
+HARD: dict[str, Callable[..., Path]] = {name: partial(build_hard, name) for name in HARD_CONFIGS}

@@ -1,0 +1,169 @@
+"""Hard planted models (core/zoo/known/hard.py) and the benchmark's issue-43 measures (benchmark_report.py): the rows
+and pairs on hand-checked positions, the per-row resample hook against the tensor it rewrites, the confirmation rule
+on hand-made numbers, a short build, ACDC's sweep ROC, separations and true-head ranks on hand-made inputs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from core.errors import HeadLabError
+from core.heads import parse_heads
+from core.tasks.known import known_task
+from core.zoo.known import KNOWN_MODELS, read_circuit
+from core.zoo.known import hard
+from core.zoo.known.hard import (HARD_CONFIGS, HARD_RULE, IoiPairSpec, build_hard, guide_keys, hard_rule, ioi_rows,
+                                 row_resample_hooks, training_rows, twohop_rows)
+from core.zoo.known.planted import BOS, CONFIRMATION, MARK, output_projection, planted_status
+from core.zoo.train import build_model
+from core.pipelines.benchmark_report import separations, sweep_roc, true_head_ranks
+
+
+def test_ioi_rows_hold_s_twice_io_once_and_distinct_fillers():
+    rows = ioi_rows(np.random.RandomState(0), 50)
+    for i, row in enumerate(rows["tokens"]):
+        s, io = rows["s_name"][i], rows["io_name"][i]
+        assert row[0] == BOS and row[-1] == MARK and s != io
+        assert list(np.flatnonzero(row == s)) == [rows["s1"][i], rows["s2"][i]] and list(np.flatnonzero(row == io)) == [rows["io"][i]]
+        fillers = [t for t in row[1:-1] if t >= hard.FILLER_LOW]
+        assert len(fillers) == len(set(fillers)) == len(row) - 5
+
+
+def test_ioi_pairs_swap_the_second_s_for_io_and_read_back_through_known_task():
+    pair = known_task(IoiPairSpec(n_examples=8, seed=3).to_json()).build_pair()
+    rows = ioi_rows(np.random.RandomState(3), 8, hard.SEQ_LEN)
+    diff = (pair.clean.tokens != pair.corrupted_tokens).numpy()
+    assert (diff.sum(axis=1) == 1).all() and (np.argmax(diff, axis=1) == rows["s2"]).all()
+    assert (pair.clean.target.numpy() == rows["io_name"]).all() and (pair.corrupted_target.numpy() == rows["s_name"]).all()
+    with pytest.raises(HeadLabError, match="seq_len"):
+        IoiPairSpec(n_examples=2, seq_len=5)
+
+
+def test_guide_keys_point_at_the_planted_positions():
+    rows = {"tokens": np.zeros((2, 16), dtype=np.int64), "s1": np.array([2, 3]), "s2": np.array([9, 10]),
+            "io": np.array([5, 1]), "p": np.array([1, 3]), "r": np.array([7, 11])}
+    dup = guide_keys("ioi", rows, "duplicate-token")
+    assert dup.sum() == 2 and dup[0, 9, 2] and dup[1, 10, 3]
+    assert guide_keys("ioi", rows, "name-mover")[1, 15, 1] and guide_keys("ioi", rows, "s-inhibition")[0, 15, 9]
+    assert guide_keys("twohop", rows, "hop-one")[1, 15, 4] and guide_keys("twohop", rows, "hop-two")[0, 15, 8]
+    prev = guide_keys("twohop", rows, "previous-token")
+    assert prev.sum() == 2 * 15 and prev[0, 5, 4] and not prev[0, 0].any()
+
+
+def test_twohop_rows_answer_the_token_before_the_other_b():
+    rows = twohop_rows(5, 6)
+    for i, row in enumerate(rows["tokens"]):
+        p, r = rows["p"][i], rows["r"][i]
+        assert row[-1] == row[p] and row[p + 1] == row[r + 1] and rows["target"][i] == row[r]
+
+
+def test_training_rows_live_heads_per_task_and_a_randomly_dead_primary():
+    cfg = HARD_CONFIGS["hard-twohop-s0"]
+    tokens, targets, dead, guides = training_rows(cfg, 4)
+    again = training_rows(cfg, 4)
+    assert torch.equal(tokens, again[0]) and torch.equal(dead, again[2])
+    circuit, neighbours = cfg.circuit_heads, cfg.neighbour_heads
+    for layer, head in neighbours:
+        assert not dead[1::2, layer, head].any() and dead[0::2, layer, head].all()
+    for layer, head in circuit:
+        assert dead[1::2, layer, head].all()
+        if f"L{layer}H{head}" != cfg.primary:
+            assert not dead[0::2, layer, head].any()
+    (pl, ph), = parse_heads(cfg.primary)
+    assert 0 < int(dead[0::2, pl, ph].sum()) < cfg.batch_size // 2  # resampled on some circuit rows, not all
+    assert set(guides) == set(cfg.circuit) | set(cfg.neighbours)
+    assert (tokens[0::2, -1] != MARK).all() and (tokens[1::2, -1] == MARK).all()  # twohop rows even, ioi odd
+
+
+def test_row_resample_hook_takes_dead_slices_from_two_rows_before():
+    cfg = replace(HARD_CONFIGS["hard-twohop-s0"], d_model=64, d_ff=64)
+    model = build_model(cfg.model_config(), 0).eval()
+    state = {"dead": torch.zeros((6, 4, 8), dtype=torch.bool)}
+    state["dead"][:, 1, 3] = True
+    state["dead"][2, 1, 5] = True
+    seen = {}
+    module = output_projection(model, "gpt_neox", 1)
+    module.register_forward_pre_hook(lambda m, args: seen.__setitem__("before", args[0].clone()))
+    row_resample_hooks(model, cfg, state)
+    module.register_forward_pre_hook(lambda m, args: seen.__setitem__("after", args[0].clone()))
+    with torch.no_grad():
+        model(torch.randint(4, 64, (6, 16)))
+    before, after = seen["before"].view(6, 16, 8, 8), seen["after"].view(6, 16, 8, 8)  # [row, pos, head, d_head]
+    assert torch.equal(after[:, :, 3], before.roll(2, dims=0)[:, :, 3])
+    assert torch.equal(after[2, :, 5], before[0, :, 5]) and torch.equal(after[3, :, 5], before[3, :, 5])
+    untouched = [h for h in range(8) if h not in (3, 5)]
+    assert torch.equal(after[:, :, untouched], before[:, :, untouched])
+
+
+def _passing(cfg):
+    denoise = np.zeros((cfg.n_layers, cfg.n_heads))
+    noise = np.ones_like(denoise)
+    for layer, head in cfg.circuit_heads:
+        denoise[layer, head], noise[layer, head] = 0.5, 0.5
+    top1 = {"clean": 1.0, "true_ablated": 0.1, "others_ablated": 0.98, "primary_ablated": 0.95,
+            "primary_backup_ablated": 0.2, "neighbour_clean": 0.95, "neighbours_ablated": 0.1}
+    return denoise, noise, top1, {edge: 0.3 for edge in cfg.edges}
+
+
+def test_hard_rule_on_hand_made_numbers():
+    cfg = HARD_CONFIGS["hard-ioi-s0"]
+    denoise, noise, top1, edges = _passing(cfg)
+    assert hard_rule(denoise, noise, cfg, top1, edges)["confirmed"]
+    # a primary and its backup are exempt from the per-head effect bound (each alone moves little) ...
+    denoise[4, 2] = noise[4, 2] = 0.01
+    assert hard_rule(denoise, noise, cfg, top1, edges)["confirmed"]
+    # ... other circuit heads are not, and a backup that does not take over fails, as do idle neighbours
+    denoise[1, 3] = 0.1
+    bad = hard_rule(denoise, noise, cfg, {**top1, "primary_ablated": 0.5, "neighbours_ablated": 0.9}, {**edges, cfg.edges[0]: 0.05})
+    assert not bad["confirmed"] and len(bad["failures"]) == 4
+    assert any("L1H3 denoise" in f for f in bad["failures"]) and any("no backup took over" in f for f in bad["failures"])
+    assert bad["top1_drops"]["primary_ablated"] == pytest.approx(0.5) and HARD_RULE["primary_alone_top1_drop_max"] == 0.2
+
+
+def test_short_build_writes_confirmation_and_on_a_pass_circuit_json(tmp_path, monkeypatch):
+    name = "hard-twohop-s0"
+    cfg = replace(HARD_CONFIGS[name], steps=4, n_log_checkpoints=2, d_model=64, d_ff=64, pair_examples=12)
+    folder = build_hard(name, tmp_path / "a", cfg=cfg)
+    record = planted_status(folder)
+    assert record is not None and not record["confirmed"] and not (folder / "circuit.json").exists()
+    assert set(record["top1"]) >= {"clean", "primary_ablated", "primary_backup_ablated", "neighbours_ablated"}
+    assert set(record["path_patching"]) == set(cfg.edges)
+    monkeypatch.setattr(hard, "train_hard", lambda *a, **k: pytest.fail("a complete model was retrained"))
+    assert build_hard(name, folder, cfg=cfg) == folder
+    with pytest.raises(HeadLabError, match="another config"):
+        build_hard(name, folder, cfg=replace(cfg, steps=5))
+    monkeypatch.setattr(hard, "hard_rule", lambda *a, **k: {"confirmed": True, "failures": [], "max_other_abs_effect": 0.0,
+                                                             "min_true_effect": 1.0, "top1_drops": {}})
+    assert hard.install_hard(cfg, folder)["confirmed"]
+    circuit = read_circuit(folder)
+    assert str(circuit.heads) == "L0H2, L1H5, L2H1, L3H4" and str(circuit.distractors) == "L0H6, L1H3, L2H7"
+    assert circuit.roles["L3H4"].startswith("backup") and circuit.task["task"] == "known-twohop"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert all((folder / "checkpoints" / c["revision"] / "circuit.json").is_file() for c in manifest["checkpoints"])
+    assert {n for n in KNOWN_MODELS if n.startswith("hard-")} == set(HARD_CONFIGS) and len(HARD_CONFIGS) == 6
+    assert HARD_CONFIGS["hard-ioi-s0"].n_layers * HARD_CONFIGS["hard-ioi-s0"].n_heads == 48
+
+
+def test_sweep_roc_on_hand_made_points():
+    truth = np.array([True, True, False, False, False])
+    roc = sweep_roc([0.01, 0.1], [[0, 1, 2], [0]], truth)
+    assert [(p["tpr"], p["fpr"]) for p in roc["points"]] == [(1.0, 1 / 3), (0.5, 0.0)]
+    # (0,0) -> (0,0.5) -> (1/3,1) -> (1,1): 0 + (1/3)(0.5 + 1)/2 + (2/3)(1)
+    assert roc["auc"] == pytest.approx(0.25 + 2 / 3)
+    assert sweep_roc([0.1], [[2, 3]], truth)["auc"] == pytest.approx(1 / 3)  # only false edges kept: below chance
+    assert sweep_roc([0.1], [[0, 1]], truth)["auc"] == 1.0
+
+
+def test_separations_and_true_head_ranks_on_hand_made_rows():
+    rows = [{"level": "head", "task": "t", "measure": "roc_auc", "method": m, "n_scored": 3, "mean": mean, "low": low,
+             "high": high} for m, mean, low, high in (("a", 0.9, 0.85, 0.95), ("b", 0.6, 0.5, 0.7), ("c", 0.8, 0.65, 0.9))]
+    found = separations(rows)
+    assert [(s["above"], s["below"]) for s in found] == [("a", "b")]
+    result = {"case": {"name": "m", "task": "t", "truth": ["L0H1", "L1H0"]},
+              "methods": [{"method": "x", "scores": [[0.0, 3.0], [1.0, 1.0]]}, {"method": "y", "scores": None}]}
+    (ranks,) = true_head_ranks([result])
+    assert ranks["ranks"] == {"L0H1": 1.0, "L1H0": 2.5} and ranks["n_heads"] == 4
