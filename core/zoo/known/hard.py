@@ -338,7 +338,7 @@ def train_hard(cfg: HardConfig, out_dir: Path, stop_after_steps: int | None = No
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()
             if progress is not None:
-                progress(step + 1, total, float(task_loss))
+                progress(step + 1, total, float(task_loss.detach()))
     finally:
         for handle in handles:
             handle.remove()
