@@ -19,7 +19,7 @@ from core.ablation.edges import EdgeSettings, edge_attribution, edge_controls, e
 from core.ablation.edges.runs import (EdgeHooks, edge_chunks, mean_value, post_attention_hook, post_norm_scales,
                                       removed_matrix, removed_run_values, run_values)
 from core.ablation.patching.paths import key_value_heads, path_run, split_qkv_inputs
-from core.ablation.patching.runs import PatchSettings, run_chunks
+from core.ablation.patching.runs import PatchSettings, metric_values, run_chunks
 from core.heads import HeadSet
 from core.model.loading import load_model
 from core.model.refs import ModelRef
@@ -223,6 +223,51 @@ def test_eap_is_the_first_order_term_of_brute_force_patching_under_gqa(grouped):
     raw_eap, raw_fd = -eap.scores[chosen] * gap, np.asarray(derivative)
     assert np.abs(raw_eap - raw_fd).max() <= 1e-3 * np.abs(raw_fd).max() + 1e-6
     assert np.abs(raw_fd).max() > 1e-4  # edges into a grouped head's keys and values move the metric
+
+
+def _direct_eap_change(model, graph, chunk) -> np.ndarray:
+    """EAP's estimated change of the summed metric per edge [edge], by its definition and nothing of EdgeHooks' layout:
+    a zero leaf added at every receiver input of a plain split-input forward (full logits), the metric's gradient
+    to each leaf, and (source - clean) . gradient summed over rows, positions and d_model in float64."""
+    names = {}  # hook name -> receiver indices (one per head for q/k/v, else one)
+    for layer in range(graph.n_layers):
+        for c in "qkv":
+            names[f"blocks.{layer}.attn.hook_{c}_input"] = [graph.receivers.index(f"L{layer}H{h}.{c}")
+                                                             for h in range(graph.n_heads)]
+        names[f"blocks.{layer}.ln2.hook_in"] = [graph.receivers.index(f"MLP{layer}")]
+    names["ln_final.hook_in"] = [graph.receivers.index("logits")]
+    leaves = {}
+
+    def add_leaf(x, hook):
+        leaves[hook.name] = torch.zeros_like(x, requires_grad=True)
+        return x + leaves[hook.name]
+
+    with torch.enable_grad(), split_qkv_inputs(model):
+        logits = model.run_with_hooks(chunk.tokens, fwd_hooks=[(n, add_leaf) for n in names])
+        picked = logits[torch.arange(chunk.tokens.shape[0]), chunk.query]  # [row, vocab]
+        values = metric_values(picked, chunk.target, chunk.other_target, "logit_diff")
+        grads = torch.autograd.grad(values.sum(), [leaves[n] for n in names])
+    diff = (chunk.source_acts - chunk.clean_acts).double()  # [sender, row, pos, d_model]
+    change = np.zeros(graph.mask.shape)
+    for (name, receivers), grad in zip(names.items(), grads):
+        grad = grad.double() if grad.dim() == 4 else grad.double()[:, :, None]  # [row, pos, receiver, d_model]
+        for k, j in enumerate(receivers):
+            change[:, j] = torch.einsum("sbpm,bpm->s", diff, grad[:, :, k]).numpy()
+    senders, receivers = graph.edge_index
+    return (change * graph.mask)[senders, receivers]
+
+
+def test_eap_equals_its_definition_computed_directly(grouped):
+    """EdgeHooks takes the receivers' gradients into the scores inside the backward, a layer at a time; the same
+    scores come from a zero leaf at each receiver input and a float64 product afterwards (the layout it replaced)."""
+    _, model, pair = grouped
+    graph = edge_graph_of(model)
+    eap = edge_attribution(model, pair, SMALL_GAP)
+    chunks, _ = edge_chunks(model, pair, SMALL_GAP, graph, grad=True)
+    change = sum(_direct_eap_change(model, graph, c) for c in chunks) / pair.n_examples
+    expected = -change / (eap.clean_value - eap.corrupted_value)
+    np.testing.assert_allclose(eap.scores, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+    assert np.abs(expected).max() > 0
 
 
 def test_no_edge_patched_is_clean_every_edge_corrupted_and_the_controls_run_under_gqa(grouped):
