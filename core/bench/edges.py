@@ -17,12 +17,14 @@ of them mostly ranks that noise; a circuit is the few edges above it.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 
 from core.ablation.edges import EdgeSettings, edge_attribution, edge_graph_of, faithfulness_curve
+from core.ablation.edges.eap import check_ig_steps
 from core.ablation.edges.runs import edge_chunks, removed_matrix, removed_run_values, run_values
 from core.bench.ablation import random_bridge
 from core.bench.scale import peak_memory_bytes
@@ -125,21 +127,38 @@ def check_sample(sample_edges: int | None, sample_top: int, n_edges: int | None 
         raise HeadLabError(f"--sample-top is {sample_top}; give 0 or more edges per method.")
 
 
-def bench_edges(model: str = "induction-neox", revision: str | None = None, n_examples: int = 32, seq_len: int = 32,
-                ig_steps: Sequence[int] = (5, 20), shape: str | None = "pythia-160m", shape_n: int = 16,
-                shape_seq_len: int = 128, device: str = "cpu", dtype: str = DEFAULT_DTYPE, task: str = "induction",
-                sample_edges: int | None = None, sample_top: int = 20, seed: int = 0, curves: bool = True) -> dict:
-    """EAP and EAP-IG against exact edge patching on a zoo model; EAP's time and peak memory at `shape` (None: skip).
+@dataclass(frozen=True)
+class EdgeBenchPlan:
+    """What the agreement part measures: the pairs (task, n_examples x seq_len; IOI's length is its templates'),
+    EAP-IG's step counts (the first is timed and also run by MIB's rule), the exact reference (every edge, or
+    sample_edges random ones plus each method's top sample_top, drawn with seed) and the faithfulness curves."""
 
-    ig_steps: EAP-IG's step counts (the first is timed, and also run by MIB's rule); sample_edges: patch that
-    many random edges plus each method's top sample_top (None: every edge); curves: MIB faithfulness curves.
-    """
-    ig_steps = [int(n) for n in ig_steps]
-    check_sample(sample_edges, sample_top)
-    seed = check_seed(seed, "--sample-seed")
+    task: str = "induction"
+    n_examples: int = 32
+    seq_len: int = 32
+    ig_steps: tuple[int, ...] = (5, 20)
+    sample_edges: int | None = None
+    sample_top: int = 20
+    seed: int = 0
+    curves: bool = True
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise HeadLabError(f"bench edges --task {self.task!r} is unknown; use one of {', '.join(TASKS)}.")
+        object.__setattr__(self, "ig_steps", tuple(check_ig_steps(n) for n in self.ig_steps))
+        check_sample(self.sample_edges, self.sample_top)
+        object.__setattr__(self, "seed", check_seed(self.seed, "--sample-seed"))
+
+
+def bench_edges(model: str = "induction-neox", revision: str | None = None, plan: EdgeBenchPlan = EdgeBenchPlan(),
+                shape: str | None = "pythia-160m", shape_n: int = 16, shape_seq_len: int = 128, device: str = "cpu",
+                dtype: str = DEFAULT_DTYPE) -> dict:
+    """EAP and EAP-IG against exact edge patching on a zoo model (plan); EAP's time and peak memory at `shape`
+    (None: skip)."""
+    ig_steps, sample_edges, sample_top, seed = list(plan.ig_steps), plan.sample_edges, plan.sample_top, plan.seed
     ref = ModelRef.parse(model)
     checkpoint = resolve_checkpoint(ref, revision)
-    pair = bench_pairs(ref, checkpoint.revision, task, n_examples, seq_len)
+    pair = bench_pairs(ref, checkpoint.revision, plan.task, plan.n_examples, plan.seq_len)
     loaded = load_model(ref, checkpoint.revision, device=device, dtype=dtype)
     graph = edge_graph_of(loaded)
     check_sample(sample_edges, sample_top, graph.n_edges)
@@ -160,7 +179,7 @@ def bench_edges(model: str = "induction-neox", revision: str | None = None, n_ex
     exact_of = dict(zip(measured.tolist(), exact))
     exact_random = np.array([exact_of[i] for i in random_part.tolist()])
     result = {
-        "model": ref.name, "revision": checkpoint.revision, "task": task, "n_examples": pair.n_examples,
+        "model": ref.name, "revision": checkpoint.revision, "task": plan.task, "n_examples": pair.n_examples,
         "seq_len": pair.seq_len, "edges": graph.n_edges, "graph": graph.summary(), "device": str(device),
         "dtype": dtype_name(dtype), "threads": torch.get_num_threads(), "ig_steps": ig_steps[0],
         "ig_steps_all": ig_steps, "ig_rules": {"eap-ig-N": "HeadLab's: alpha = k / N, k = 1..N",
@@ -185,7 +204,7 @@ def bench_edges(model: str = "induction-neox", revision: str | None = None, n_ex
                "top_k": {str(k): top_k_overlap(s[measured], exact, k) for k in TOP_K if k <= min(k_max, measured.size - 1)}}
         for name, s in scores.items()}
     result["exact_top"] = [(graph.edge_texts[i], float(exact_of[i])) for i in measured[np.argsort(-np.abs(exact))[:10]]]
-    if curves:
+    if plan.curves:
         curve_scores = dict(scores)
         if sample_edges is None:
             curve_scores["brute force"] = exact

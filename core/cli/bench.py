@@ -22,7 +22,7 @@ import torch
 
 from core.bench.ablation import bench_ablation
 from core.bench.dtype import REAL_MODELS, bench_dtype
-from core.bench.edges import bench_edges
+from core.bench.edges import EdgeBenchPlan, bench_edges
 from core.bench.ising import bench_ising
 from core.bench.live import bench_live
 from core.bench.load import bench_load
@@ -232,10 +232,10 @@ def add_bench_edges_arguments(parser: argparse.ArgumentParser) -> None:
 def cli_bench_edges(args: argparse.Namespace) -> dict:
     if any(n < 1 for n in args.ig_steps):
         raise HeadLabError(f"--ig-steps is {args.ig_steps}; give whole numbers of interpolation steps, at least 1 each.")
-    r = bench_edges(args.model, args.revision, args.n_examples, args.seq_len, args.ig_steps,
-                    None if args.no_shape else args.shape, device=args.device, dtype=args.dtype, task=args.task,
-                    sample_edges=args.sample_edges, sample_top=args.sample_top, seed=args.sample_seed,
-                    curves=not args.no_curves)
+    plan = EdgeBenchPlan(args.task, args.n_examples, args.seq_len, tuple(args.ig_steps), args.sample_edges,
+                         args.sample_top, args.sample_seed, not args.no_curves)
+    r = bench_edges(args.model, args.revision, plan, None if args.no_shape else args.shape, device=args.device,
+                    dtype=args.dtype)
     print(f"edges bench ({r['model']} {r['revision']}, N={r['n_examples']}, T={r['seq_len']}, {r['edges']} edges): "
           f"brute force {r['brute_force_s']:.2f}s, EAP {r['eap_s']:.3f}s: {r['speedup_eap_vs_brute_force']:.1f}x "
           f"(target >= 50x), Spearman {r['spearman_eap_vs_brute_force']:.3f}; EAP-IG ({r['ig_steps']} steps) "
