@@ -92,12 +92,16 @@ def test_bench_selection_fits_every_shape():
 
 
 def test_bench_scale_engine_agrees_with_the_naive_loop_at_a_real_shape():
-    result = bench_scale(n_examples=2, shape="pythia-14m", n_controls=1)
+    result = bench_scale(n_examples=2, shape="pythia-14m", n_controls=1, edge_pairs=2, ig_steps=2)
     assert result["vocab"] == 50_304 and result["seq_len"] == 256 and result["n_examples"] == 2
     assert result["ablation_conditions"] == 4  # clean, candidate, one control, upper bound
     assert result["ablation_max_metric_diff"] < 1e-4
-    for key in ("instrumented_over_bare", "ablation_speedup", "peak_memory_bytes"):
+    for key in ("instrumented_over_bare", "ablation_speedup", "peak_memory_bytes", "eap_over_forward_backward",
+                "eap_ig_over_forward_backward", "eap_over_forward_input_backward"):
         assert result[key] > 0
+    assert result["edges"] == 1084 and result["edge_pairs"] == 2 and result["ig_steps"] == 2
+    for key in ("eap_peak_over_estimate", "patched_peak_over_estimate"):  # the edge-run estimate bounds its peak
+        assert result.get(key, 0.0) <= 1.0
 
 
 def test_unembedding_can_start_as_a_copy_of_the_embedding(tmp_path):
