@@ -126,7 +126,7 @@ def test_hard_rule_on_hand_made_numbers():
 
 def test_short_build_writes_confirmation_and_on_a_pass_circuit_json(tmp_path, monkeypatch):
     name = "hard-twohop-s0"
-    cfg = replace(HARD_CONFIGS[name], steps=4, n_log_checkpoints=2, d_model=64, d_ff=64, pair_examples=12)
+    cfg = replace(HARD_CONFIGS[name], steps=4, n_log_checkpoints=2, d_model=64, d_ff=64, pair_examples=8)
     folder = build_hard(name, tmp_path / "a", cfg=cfg)
     record = planted_status(folder)
     assert record is not None and not record["confirmed"] and not (folder / "circuit.json").exists()
@@ -140,7 +140,7 @@ def test_short_build_writes_confirmation_and_on_a_pass_circuit_json(tmp_path, mo
                                                              "min_true_effect": 1.0, "top1_drops": {}})
     assert hard.install_hard(cfg, folder)["confirmed"]
     circuit = read_circuit(folder)
-    assert str(circuit.heads) == "L0H2, L1H5, L2H1, L3H4" and str(circuit.distractors) == "L0H6, L1H3, L2H7"
+    assert str(circuit.heads) == "L0H2,L1H5,L2H1,L3H4" and str(circuit.distractors) == "L0H6,L1H3,L2H7"
     assert circuit.roles["L3H4"].startswith("backup") and circuit.task["task"] == "known-twohop"
     manifest = json.loads((folder / "manifest.json").read_text())
     assert all((folder / "checkpoints" / c["revision"] / "circuit.json").is_file() for c in manifest["checkpoints"])
