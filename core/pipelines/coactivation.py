@@ -58,7 +58,7 @@ from core.stats.inference import METRICS
 from core.stats.ising import DEFAULT_C, IsingFit, check_converged, fit_ising_pseudolikelihood
 from core.stats.routes import (PARTITIONS, RouteNull, RouteStatistic, random_partition_null, route_strata, stratum_statistic,
                                unconverged_strata)
-from core.stats.spectral import resolve_k
+from core.stats.spectral import DEFAULT_DEFINITION, pr_per_head, rank_heads, resolve_k
 from core.stats.spins import binarize_at_median, max_attention_signal
 
 # ---------------------------------------------------------------------------------------------
@@ -467,8 +467,10 @@ def _report_settings(given: CoactivationSettings, used: CoactivationSettings, he
         "min_size": used.min_size, "max_size": used.max_size,
         "C": used.C, "fit_method": "joint", "drop_constant": used.drop_constant, "spectral_random_state": 0,
         "class_threshold": here.threshold, "class_baseline": here.baseline,
-        "pr_integral": {"definition": report.spectral.definition, "rule": report.spectral.rule,
-                        "checkpoints": len(report.checkpoints), "over": "every checkpoint of the model"},
+        "pr_integral": ({"definition": DEFAULT_DEFINITION, "rule": None, "checkpoints": 1,
+                         "over": "none: one checkpoint, labels ranked by its own PR"} if report.spectral is None else
+                        {"definition": report.spectral.definition, "rule": report.spectral.rule,
+                         "checkpoints": len(report.checkpoints), "over": "every checkpoint of the model"}),
         "n_controls": used.n_controls, "control_seed": used.control_seed, "closure_kinds": list(CLOSURE_KINDS),
         "mode": used.mode, "headline": used.headline, "z_threshold": used.z_threshold, "run_closure": used.run_closure,
     }
@@ -519,16 +521,18 @@ def coactivation(ref: Any, revision: str | None, spec: Any, settings: Coactivati
     say("screening checkpoints for the PR-integral ranking and the Step-2 classes")
     report = screen(ref, spec, ScreenSettings(k=st.top_k, n_null_draws=0), device=device, dtype=dtype,
                     executor=executor)
-    if report.spectral is None:  # one checkpoint: the labels' top-K ranking does not exist
-        raise HeadLabError(f"the co-activation labels are the top-K heads of the PR-integral ranking. "
-                           f"{report.spectral_note} Pick a model with training "
-                           "checkpoints, or use the Pattern screen for this one.")
+    if report.spectral is None:  # one checkpoint (a pretrained model): no trajectory to integrate the PR over
+        ranking = rank_heads(pr_per_head(stats.z_query, DEFAULT_DEFINITION))  # the screen's definition (its default)
+        notes.append("one checkpoint: the labelled heads are the top-K by PR at this checkpoint, not by the "
+                     "PR-integral over training (there is no training trajectory to integrate).")
+    else:
+        ranking = report.spectral.ranking
     if checkpoint.revision == report.checkpoints[-1].revision:
         here = report.final
     else:
         here = screen_checkpoint(stats, n_null_draws=0)
     classes = here.classes                                      # [layer, head]
-    labels = supervised_labels(classes, report.spectral.ranking, st.top_k)
+    labels = supervised_labels(classes, ranking, st.top_k)
 
     route = None
     if st.route_conditional:

@@ -454,3 +454,23 @@ def test_natural_text_probe_runs(quick_zoo):
     report = coactivation(ModelRef.parse("induction-olmoe"), None, probe_spec("text", 64, 64),
                           CoactivationSettings(run_closure=False))
     assert report.probe_spec["task"] == "text" and report.proposal.n_examples == 64 and report.closure is None
+
+
+def test_a_one_checkpoint_model_labels_the_top_k_heads_by_its_own_pr(tmp_path, monkeypatch):
+    """A pretrained model has no training trajectory, so no PR-integral: the labelled heads are the top-K by
+    the PR at its one checkpoint (pr_per_head on the same pass), and the report says so."""
+    from core.model.refs import ModelRef
+    from core.probe import head_stats
+    from core.model.refs import resolve_checkpoint
+    from core.stats.spectral import pr_per_head, rank_heads
+    from core.tasks.specs import probe_spec
+    from tests.tiny_models import save_tiny_model
+
+    monkeypatch.setenv("HEADLAB_HOME", str(tmp_path / "home"))
+    ref = ModelRef.parse(str(save_tiny_model("gpt_neox", tmp_path / "my-model")))
+    spec = probe_spec("induction", 24, 16)
+    report = coactivation(ref, None, spec, CoactivationSettings(ks=(2, 3), top_k=4, run_closure=False))
+    stats = head_stats(ref, resolve_checkpoint(ref, None), spec.build())
+    top = rank_heads(pr_per_head(stats.z_query))[:4]
+    assert sorted(report.labels) == sorted(top)
+    assert any(note.startswith("one checkpoint: the labelled heads are the top-K by PR") for note in report.notes)
