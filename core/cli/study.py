@@ -318,9 +318,14 @@ def circuit_markdown(ioi: dict) -> list[str]:
         out += ["### ACDC", "",
                 f"Not run: it tests the {acdc['n_edges']} edges one at a time, {acdc['forwards_per_edge']} patched "
                 f"forward over the {acdc['n_pairs']} pairs per edge, and one such forward took "
-                f"{acdc['seconds_per_trial']:.2f} s here (median of {len(acdc['trial_seconds'])}), so ACDC would take up "
-                f"to about **{acdc['estimated_hours']:.1f} h** (edges x seconds per forward; edges of dead nodes are "
-                "removed without a forward, so somewhat less).", ""]
+                f"{acdc['seconds_per_trial']:.2f} s of wall time here (median of {len(acdc['trial_seconds'])})"
+                + (f" and {acdc['cpu_seconds_per_trial']:.2f} s of CPU time at {acdc['threads']} thread(s), on a machine "
+                   f"of {acdc['cpu_count']} cores with load average {acdc['load_average']:.1f}" if "cpu_seconds_per_trial"
+                   in acdc else "")
+                + f", so ACDC would take up to about **{acdc['estimated_hours']:.1f} h** of wall time"
+                + (f" (**{acdc['cpu_estimated_hours']:.1f} h** of CPU time)" if "cpu_estimated_hours" in acdc else "")
+                + " (edges x seconds per forward; edges of dead nodes are removed without a forward, so somewhat less).",
+                ""]
     return out
 
 
@@ -363,8 +368,9 @@ def not_measured(report: dict) -> list[str]:
         lines += [f"stage {name} (left out with --skip: it did not fit the time of this run)"
                   for name in report["ioi"].get("skipped", [])]
         lines += ["ACDC itself (its measured cost is above)" if "acdc_cost" in report["ioi"] else "ACDC",
-                  "the S-inhibition rule's causal half (its output lowering name movers' attention to S); path "
-                  "patching above measures what the S-inhibition heads send into the top heads' inputs"]
+                  "the S-inhibition rule's causal half (its output lowering name movers' attention to S)"
+                  + ("; path patching above measures what the S-inhibition heads send into the top heads' inputs"
+                     if "paths" in report["ioi"] else "")]
     else:
         lines += ["the candidate ablated on the one-shot probe, and the previous-token circuit's own ablation"]
     return lines

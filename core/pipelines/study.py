@@ -371,7 +371,7 @@ def circuit_stages(out: dict, ref: ModelRef, s: StudySettings, spec: IoiCounterf
         run("gradient-vs-causal", "gradient_vs_causal", lambda: hhg_record(
             model(), pair(), out["proposers"]["gradient"], stage("gradient vs causal"), s.allow_small_gap))
     edge_settings = EdgeSettings(metric="logit_diff", replacement="resample", allow_small_gap=s.allow_small_gap)
-    run("acdc-cost", "acdc_cost", lambda: acdc_cost(model(), pair(), edge_settings))
+    run("acdc-cost", "acdc_cost", lambda: acdc_cost(model(), pair(), edge_settings), "acdc-cost-cpu")
 
 
 def edge_stability(model: Any, pair: Any, settings: StudySettings, edge_settings: EdgeSettings,

@@ -14,11 +14,13 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import replace
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
+import torch
 
 from core.ablation.edges import EdgeSettings
 from core.ablation.edges.runs import check_edge_model, edge_chunks, mean_value
@@ -197,13 +199,16 @@ def acdc_cost(model: Any, pair: PatchPair, edge_settings: EdgeSettings) -> dict:
     graph = check_edge_model(model)
     chunks, _ = edge_chunks(model, pair, edge_settings, graph)
     rng = np.random.default_rng(0)
-    seconds = []
+    seconds, cpu = [], []
     for _ in range(ACDC_TRIALS):
         removed = rng.random(graph.n_edges) < 0.5
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         mean_value(model, graph, chunks, removed, edge_settings.metric)
         seconds.append(time.perf_counter() - start)
-    per_trial = float(np.median(seconds))
+        cpu.append(time.process_time() - start_cpu)
+    per_trial, cpu_per_trial = float(np.median(seconds)), float(np.median(cpu))
     return {"n_edges": int(graph.n_edges), "forwards_per_edge": 1, "chunks": len(chunks),
             "seconds_per_trial": per_trial, "trial_seconds": seconds, "n_pairs": pair.n_examples,
-            "estimated_hours": per_trial * graph.n_edges / 3600.0}
+            "estimated_hours": per_trial * graph.n_edges / 3600.0, "cpu_seconds_per_trial": cpu_per_trial,
+            "cpu_estimated_hours": cpu_per_trial * graph.n_edges / 3600.0, "threads": torch.get_num_threads(),
+            "load_average": os.getloadavg()[0], "cpu_count": os.cpu_count()}
