@@ -154,7 +154,8 @@ def test_sweep_roc_on_hand_made_points():
     assert [(p["tpr"], p["fpr"]) for p in roc["points"]] == [(1.0, 1 / 3), (0.5, 0.0)]
     # (0,0) -> (0,0.5) -> (1/3,1) -> (1,1): 0 + (1/3)(0.5 + 1)/2 + (2/3)(1)
     assert roc["auc"] == pytest.approx(0.25 + 2 / 3)
-    assert sweep_roc([0.1], [[2, 3]], truth)["auc"] == pytest.approx(1 / 3)  # only false edges kept: below chance
+    # only false edges kept (tpr 0, fpr 2/3): (0,0) -> (2/3,0) -> (1,1), area (1/3)(1/2): below chance
+    assert sweep_roc([0.1], [[2, 3]], truth)["auc"] == pytest.approx(1 / 6)
     assert sweep_roc([0.1], [[0, 1]], truth)["auc"] == 1.0
 
 
