@@ -98,6 +98,12 @@ def key_outputs(step: str, out: dict) -> dict:
         return {"n_discovered": len(out.get("discovered", ())), "discovered_top10": list(out.get("discovered", ()))[:10],
                 "heads": len(out.get("heads", ())), "curve": _scalars(out.get("curve")),
                 "controls": _scalars(out.get("controls")), "seconds": out.get("seconds"), "notes": out.get("notes")}
+    if step == "coactivation":
+        summary = out["summary"]
+        return {"k": summary["k"], "candidate": summary["candidate"], "isolation": summary["isolation"],
+                "purity": summary["purity"], "size_fallback": summary["size_fallback"], "notes": out.get("notes"),
+                "closure": [{k: c.get(k) for k in ("kind", "delta", "z", "verdict_paper", "verdict_reference")}
+                            for c in summary["closure"]]}
     return {k: _scalars(out.get(k)) for k in ("shape", "proposal", "closure", "notes") if k in out}
 
 
