@@ -129,10 +129,11 @@ def path_record(model: Any, pair: PatchPair, patching: dict, roles: dict | None,
         if not len(senders):
             notes.append(f"{head_name(receiver)}: no sender head before layer {receiver[0]}; not path-patched")
             continue
-        kind, why = control_kind(senders, n_layers, n_heads)
-        if why:
-            settings = replace(settings, controls=kind)
-            notes.append(f"{head_name(receiver)}: {why}")
+        _, why = control_kind(senders, n_layers, n_heads)
+        if why:  # path patching's controls are matched (same layers, so before the receiver): none exists here
+            notes.append(f"{head_name(receiver)}: senders {senders} not path-patched: no matched sender controls "
+                         f"({why.split(';')[0]})")
+            continue
         for component in COMPONENTS:
             result = path_patching(model, pair, senders, HeadSet((receiver,)), (component,), settings)
             rows.append({"receiver": head_name(receiver), "component": component,
