@@ -266,7 +266,7 @@ def disposer_markdown(ioi: dict) -> list[str]:
         a, loss = d["ablation"], d["ablation"]["summary"]["metrics"].get("loss", {})
         p = d["patching"]
         n = a["summary"]["n_controls"]
-        control_loss = None if a["loss_clean"] is None else a["loss_clean"] + loss.get("control_mean", 0.0)
+        control_loss = a.get("loss_controls_mean")
         out += [f"Against {n} {d['controls']} random head groups of the same size"
                 f"{'; ' + d['controls_note'] if d['controls_note'] else ''}:", "",
                 "| test | full model | circuit's heads ablated | controls' mean +- sd | rank | p |", "|---|---|---|---|---|---|",

@@ -364,6 +364,10 @@ def circuit_stages(out: dict, ref: ModelRef, s: StudySettings, spec: IoiCounterf
             run("disposer", f"disposer_{method}", lambda heads=heads: group_disposer(
                 model(), pair(), heads, s.n_controls, s.seed, stage(f"disposer {method}"), s.allow_small_gap),
                 f"disposer-{method}")
+            ablation = out.get(f"disposer_{method}", {}).get("ablation")
+            if ablation and ablation.get("loss_clean") is not None:  # the report's controls column, in loss units
+                control = ablation["summary"]["metrics"]["loss"]["control_mean"]
+                ablation["loss_controls_mean"] = ablation["loss_clean"] + control
     run("paths", "paths", lambda: path_record(model(), pair(), out["patching"], out.get("roles"), s.n_controls, s.seed,
                                               stage("paths"), s.allow_small_gap))
     run("proposers", "proposers", lambda: proposers_record(ref, spec.probe, s.n_controls, model.device, dtype))
