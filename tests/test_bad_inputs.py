@@ -815,9 +815,14 @@ def test_an_interrupt_during_a_folder_swap_leaves_the_old_or_the_new_folder_neve
             os.kill(os.getpid(), signal.SIGINT)
 
     monkeypatch.setattr(core.workspace.os, "replace", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        with core.workspace.atomic_directory(final) as tmp:
-            (tmp / "state.json").write_text('{"step": 20}')
+    # Python's own SIGINT handler, whatever an earlier test in this worker (Ray, a server) installed
+    earlier_handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with core.workspace.atomic_directory(final) as tmp:
+                (tmp / "state.json").write_text('{"step": 20}')
+    finally:
+        signal.signal(signal.SIGINT, earlier_handler)
     monkeypatch.setattr(core.workspace.os, "replace", real_replace)
     assert (final / "state.json").read_text() == '{"step": 20}' and sorted(p.name for p in tmp_path.iterdir()) == ["state"]
     dead = 2**22 + 17  # above Linux's pid_max default: no process has it

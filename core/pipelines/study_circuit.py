@@ -41,7 +41,7 @@ Progress = Optional[Callable[[int, int], None]]
 SIGNIFICANCE = 0.05  # the p at or below which a group beats its random controls
 PATH_RECEIVERS = 3   # the top heads (by activation patching) whose q, k and v inputs are path-patched
 ACDC_TRIALS = 3      # patched forwards timed for ACDC's cost
-# MIB's published IOI figures (other models), as far as they could be checked (issue 42; ../shared/METHODS.md)
+# MIB's published IOI figures (other models), as far as they could be checked (issue 42 quoted them secondhand)
 MIB_CONTEXT = {
     "models": "GPT-2 small and Qwen2.5-0.5B (other models, counterfactual ablation)",
     "eap_ig_inputs_cpr": {"gpt2-small": 1.85, "qwen2.5-0.5b": 1.63},

@@ -36,6 +36,8 @@ def _run(home: Path, monkeypatch, *args: str) -> int:
 
 
 def test_quick_report_resume_equals_uninterrupted(tmp_path, monkeypatch, capsys):
+    # both runs at one thread: the thread policy follows the machine's load, and the reports must match bit for bit
+    monkeypatch.setenv("HEADLAB_THREADS", "1")
     folder = known_folder(tmp_path)
     out = tmp_path / "out"
     assert _run(tmp_path / "home-a", monkeypatch, str(folder), "--quick", "--out", str(out), "--no-figures") == 0
