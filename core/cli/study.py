@@ -362,8 +362,7 @@ def report_markdown(report: dict, figures: dict[str, str] | None = None) -> str:
 
 def not_measured(report: dict) -> list[str]:
     """What the issue asks for that this report does not hold, said plainly."""
-    lines = ["the full (non-quick) study and Gemma-3-270M's report" if report["settings"]["quick"] else
-             "Gemma-3-270M's report"]
+    lines = ["the full (non-quick) study: at least 100 pairs (this run used --quick)"] if report["settings"]["quick"] else []
     if report["task"] == "ioi":
         lines += [f"stage {name} (left out with --skip: it did not fit the time of this run)"
                   for name in report["ioi"].get("skipped", [])]
