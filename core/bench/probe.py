@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -108,6 +108,21 @@ def three_pass(model, batch, chunk_size: int = 64, device="cpu") -> None:
     reference_max_pass(model, batch, chunk_size, device)
 
 
+
+def median_times(runs: dict[str, Callable[[], Any]], repeats: int, device: torch.device) -> dict[str, float]:
+    """Median wall seconds of each run, interleaved over `repeats` rounds after one warm-up round."""
+    for fn in runs.values():
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    for _ in range(max(1, int(repeats))):
+        for key, fn in runs.items():
+            start = time.perf_counter()
+            fn()
+            if device.type == "cuda":  # a bare forward returns before the GPU is done
+                torch.cuda.synchronize(device)
+            times[key].append(time.perf_counter() - start)
+    return {k: statistics.median(v) for k, v in times.items()}
+
 def bench_probe(model, batch, repeats: int = 5, chunk_size: int = 64, device="cpu", with_three_pass: bool = True) -> dict:
     """Median wall time of bare, instrumented and three-pass runs over the same batch, and their ratios.
 
@@ -121,18 +136,7 @@ def bench_probe(model, batch, repeats: int = 5, chunk_size: int = 64, device="cp
     }
     if with_three_pass:
         runs["three_pass_s"] = lambda: three_pass(model, batch, chunk_size, device)
-    cuda = torch.device(device).type == "cuda"
-    for fn in runs.values():
-        fn()
-    times: dict[str, list[float]] = {k: [] for k in runs}
-    for _ in range(max(1, int(repeats))):
-        for key, fn in runs.items():
-            start = time.perf_counter()
-            fn()
-            if cuda:  # a bare forward returns before the GPU is done
-                torch.cuda.synchronize(device)
-            times[key].append(time.perf_counter() - start)
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = median_times(runs, repeats, torch.device(device))
     return {
         **med,
         "overhead_ratio": med["instrumented_s"] / med["bare_s"],

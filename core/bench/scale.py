@@ -31,10 +31,8 @@ from __future__ import annotations
 
 import ctypes
 import resource
-import statistics
 import sys
-import time
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -44,7 +42,7 @@ from core.ablation.edges.memory import edge_forward_bytes, edge_pair_bytes
 from core.ablation.edges.runs import edge_chunks, edge_query_logits, mean_value
 from core.ablation.patching.runs import metric_values
 from core.bench.ablation import matched_conditions, random_bridge, time_conditions
-from core.bench.probe import bench_probe
+from core.bench.probe import bench_probe, median_times
 from core.heads import HeadSet
 from core.model.hooks import hook_name, model_dtype, model_shape
 from core.model.loading import dtype_name, load_model
@@ -165,26 +163,11 @@ def bare_forward_backward(model: Any, pair: PatchPair, weights: bool) -> None:
             p.requires_grad_(flag)
 
 
-def _median_times(runs: dict[str, Callable[[], Any]], repeats: int, device: torch.device) -> dict[str, float]:
-    """Median wall seconds of each run, interleaved over `repeats` rounds after one warm-up round."""
-    for fn in runs.values():
-        fn()
-    times: dict[str, list[float]] = {k: [] for k in runs}
-    for _ in range(max(1, int(repeats))):
-        for key, fn in runs.items():
-            start = time.perf_counter()
-            fn()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times[key].append(time.perf_counter() - start)
-    return {k: statistics.median(v) for k, v in times.items()}
-
-
 def bench_edge_scale(model: Any, pair: PatchPair, repeats: int = 1, ig_steps: int = 5) -> dict:
     """EAP and EAP-IG over every edge against one bare forward + backward of the same pairs (module docstring)."""
     device = next(model.parameters()).device
     settings = EdgeSettings(allow_small_gap=True)  # a timing: a random shape's pairs have no gap to keep
-    med = _median_times({
+    med = median_times({
         "forward_backward_s": lambda: bare_forward_backward(model, pair, weights=True),
         "forward_input_backward_s": lambda: bare_forward_backward(model, pair, weights=False),
         "eap_s": lambda: edge_attribution(model, pair, settings),
