@@ -311,7 +311,7 @@ def circuit_markdown(ioi: dict) -> list[str]:
                 "| class | head | d = rank G - rank C | G | C |", "|---|---|---|---|---|"]
         out += [f"| {kind} | {name} | {d:+.0f} | {g:.3g} | {c:+.3f} |"
                 for kind, rows in (("hero", hhg["heroes"][:5]), ("bloat", hhg["bloats"][:5])) for name, d, g, c in rows]
-        out += ["- note: heads only ([HHG] also ranks the MLPs); with 270 heads a rank gap of 6 is small, so read rho "
+        out += [f"- note: heads only ([HHG] also ranks the MLPs); with {hhg['n_heads']} heads a rank gap of 6 is small, so read rho "
                 "and the largest gaps.", ""]
     acdc = ioi.get("acdc_cost")
     if acdc:
