@@ -31,9 +31,9 @@ from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
 import torch
 from tqdm import tqdm
 
+from core.choices import BACKENDS
 from core.errors import HeadLabError
 
-BACKENDS = ("serial", "ray")
 RETRIES = 1  # a failed task runs once more before it is reported
 # Environment a Ray worker needs to see the same caches and zoo as the driver.
 _FORWARDED_ENV_PREFIXES = ("HEADLAB_", "HF_", "TRANSFORMERS_")

@@ -12,37 +12,15 @@ from typing import Any
 
 import numpy as np
 
+from core.choices import MODE_HELP, MODES, NOT_A_HEAD_ABLATION, PROBE_MODES, SEQUENCE_MODES, mode_help
 from core.errors import HeadLabError
 from core.heads import HeadSet
 from core.results import JsonResult
 from core.stats.inference import METRICS, canonical_metric
 
-NOT_A_HEAD_ABLATION = "not a head ablation: reproduces the published numbers"
-# What an ablated activation is replaced by (core/ablation/replacements.py computes the values):
-MODE_HELP = {
-    "zero": "replaced by 0",
-    "mean": "replaced by its mean over every example and position of the probe (one value per head)",
-    "mean-per-position": "replaced by its mean over the probe examples at the same position",
-    "resample": "replaced by the same component's output on another probe example (a seeded derangement)",
-    "token-wise-mean": "replaced by its mean over every (example, position) of the probe holding the same input token",
-    "reference-slice": NOT_A_HEAD_ABLATION + " ([HHG] reference code: the head's "
-                       "all-position mean z written over columns h*d_head..(h+1)*d_head of the attention output after W_O)",
-}
-MODES = tuple(MODE_HELP)
-
-
 def mode_label(mode: str) -> str:
     """How results name an ablation mode: reference-slice always carries its warning."""
     return f"{mode} ({NOT_A_HEAD_ABLATION})" if mode == "reference-slice" else mode
-
-
-def mode_help(modes: tuple[str, ...], default: str = "zero") -> str:
-    """Help text for a choice of ablation modes (a --mode flag, a page's selectbox): what each writes."""
-    return "; ".join(f"{m}: {MODE_HELP[m]}" for m in modes) + f" (default {default})"
-
-
-PROBE_MODES = ("zero", "mean", "mean-per-position", "resample", "token-wise-mean")  # studies on a probe batch
-SEQUENCE_MODES = ("mean", "mean-per-position", "reference-slice", "zero")  # [HHG] greedy decoding (ablated_logits_fn)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ import torch
 
 from core.ablation.patching import PatchSettings, activation_patching, attribution_patching
 from core.ablation.study import AblationSettings, ablation_study
+from core.choices import REAL_MODEL_NAMES as REAL_MODELS
 from core.heads import HeadSet
 from core.model.hooks import model_shape
 from core.model.loading import load_model
@@ -43,7 +44,6 @@ from core.stats.spectral import pr_per_head
 from core.tasks.induction import InductionProbeSpec
 from core.tasks.probe_file import read_probe_file
 
-REAL_MODELS = ("smollm2-135m", "gemma3-270m")
 DTYPES = ("float32", "bfloat16")
 IOI_NAMES = (" Mary", " John", " Tom", " James", " Sarah", " Anna", " David", " Paul")
 IOI_TEMPLATES = (

@@ -25,6 +25,7 @@ from typing import Iterator, Sequence
 
 import torch
 
+from core.choices import SWEEP_MODELS as DEFAULT_MODELS
 from core.executor import Executor, RayExecutor, SerialExecutor, Task, worker_environment
 from core.model.refs import ModelRef
 from core.pipelines.sweep import checkpoint_items, probe_sweep
@@ -32,7 +33,6 @@ from core.store import load_entry
 from core.tasks.induction import default_zoo_probe_spec
 from core.workspace import zoo_dir
 
-DEFAULT_MODELS = ("induction-neox", "induction-olmoe")
 
 
 @contextlib.contextmanager

@@ -25,13 +25,13 @@ from typing import Sequence
 
 import plotly.graph_objects as go
 
+from core.choices import IMAGE_FORMATS
 from core.errors import HeadLabError
 from core.figures._style import PICKER
 from core.figures.theme import PAPER, PAPER_HEIGHT, PAPER_SCALE, PAPER_WIDTH
 from core.results import json_default
 from core.workspace import atomic_write_bytes
 
-IMAGE_FORMATS = ("png", "svg", "pdf")
 
 
 @dataclass(frozen=True, eq=False)

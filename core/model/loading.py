@@ -30,6 +30,7 @@ from transformer_lens.model_bridge import TransformerBridge
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
 
+from core.choices import DEFAULT_DTYPE, DTYPE_NAMES
 from core.errors import HeadLabError
 from core.model.memory import check_fits_in_memory
 from core.model.refs import ModelRef, checkpoint_path, repair_hint, require_cached
@@ -37,8 +38,7 @@ from core.tasks.tokens import check_tokenizer_files
 
 # The precisions a model can be loaded in (--dtype). Statistics are accumulated in float32 whatever
 # the model's dtype (core/probe.py, core/ablation/), so only the forward pass runs in half precision.
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DEFAULT_DTYPE = "float32"
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 

@@ -21,15 +21,13 @@ import numpy as np
 from scipy.stats import rankdata
 
 from core.ablation.spec import SEQUENCE_MODES
+from core.choices import ATTRIBUTION_THRESHOLD as DEFAULT_THRESHOLD, CLASS_RULES, GRADIENT_VARIANTS
 from core.errors import HeadLabError
 from core.results import JsonResult
 from core.stats.inference import spearman
 from core.tasks.sequences import MAX_SEQUENCE_LENGTH, OOD_LENGTHS, TRAIN_LENGTHS, check_task
 
-GRADIENT_VARIANTS = ("paper", "reference")
-CLASS_RULES = ("paper", "reference")
 CLASSES = ("hero", "aligned", "bloat")
-DEFAULT_THRESHOLD = 6.0
 _COMPONENT = re.compile(r"^L(\d+)(?:H(\d+)|MLP)$", re.IGNORECASE)
 
 

@@ -49,6 +49,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from core.ablation.patching import PatchSettings, activation_patching, attribution_patching
+from core.choices import BENCHMARK_QUICK as QUICK
 from core.errors import HeadLabError
 from core.executor import ProgressBar
 from core.heads import HeadSet, head_name, parse_heads
@@ -149,7 +150,6 @@ class BenchmarkSettings(JsonResult):
         return EDGE_METHOD_NAMES if self.methods is None else tuple(m for m in self.methods if m in EDGE_METHOD_NAMES)
 
 
-QUICK = dict(n_draws=1000, n_controls=10, n_random_groups=3, max_examples=48, n_boot=1000, disposer_boot=100)
 
 
 # ---------------------------------------------------------------------------------------------

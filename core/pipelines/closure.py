@@ -17,13 +17,12 @@ import numpy as np
 
 from core.ablation.spec import ConditionMetrics
 from core.ablation.study import AblationResult, AblationSettings, ablation_study, condition_stats
+from core.choices import CLOSURE_CONTROLS as DEFAULT_N_CONTROLS, CLOSURE_CONTROL_SEED as DEFAULT_CONTROL_SEED
 from core.errors import HeadLabError
 from core.heads import HeadSet
 from core.results import JsonResult
 from core.stats.inference import METRICS, Verdict, closure_verdict
 
-DEFAULT_N_CONTROLS = 5         # reference closure test: 5 random controls per kind
-DEFAULT_CONTROL_SEED = 123     # reference matched-random RandomState(123)
 CLOSURE_KINDS = ("matched", "any-layer")
 SPLITS = ("all", "on", "off")  # all examples; on / off the stratum (route-conditional only)
 CLOSURE_ABLATION = AblationSettings(n_controls=DEFAULT_N_CONTROLS, seed=DEFAULT_CONTROL_SEED, include_upper_bound=True)

@@ -43,6 +43,7 @@ import numpy as np
 
 from core.ablation.spec import PROBE_MODES
 from core.ablation.study import AblationSettings
+from core.choices import COACTIVATION_NULL as DEFAULT_N_NULL, COACTIVATION_STRATA as DEFAULT_STRATA
 from core.errors import HeadLabError
 from core.executor import Executor
 from core.heads import Head, HeadSet, head_name
@@ -67,8 +68,6 @@ from core.stats.spins import binarize_at_median, max_attention_signal
 TOP_K_FRACTION = 0.18          # reference: K = round(0.18 x heads) labelled heads
 MIN_LABELLED_HEADS = 16        # ... but at least this many (or all heads) on small models
 REFERENCE_SIZE_BOUNDS = (4, 12)
-DEFAULT_STRATA = 4             # reference K = 4 routing strata
-DEFAULT_N_NULL = 10            # reference: 10 random partitions
 UNCLASSIFIED = "unclassified"  # the reference's name for a top-K head below 30x (the screen says "unspecialized")
 
 

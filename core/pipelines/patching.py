@@ -25,6 +25,7 @@ from core.ablation.patching import (GroupPatching, HeadAttribution, HeadPatching
                                     activation_patching, attribution_patching, check_components, group_patching,
                                     path_patching)
 from core.ablation.patching.runs import GRADIENT_METRICS
+from core.choices import PATCH_TOP_K as DEFAULT_TOP_K
 from core.errors import HeadLabError
 from core.heads import HeadSet
 from core.model.hooks import model_context_length, model_shape
@@ -40,7 +41,6 @@ from core.tasks.probe_file import ProbeFile
 StageProgress = Callable[[str, int, int], None]
 # heads activation-patched exactly when a model has more (the rest: attribution's estimate); measured on
 # SmolLM2 IOI pairs (attribution's top 38 held activation patching's top 20): docs/measurements/bench-dtype-smollm2-135m.json
-DEFAULT_TOP_K = 40
 
 
 def check_top_k(top_k: Any, n_heads_total: int | None = None) -> int | None:

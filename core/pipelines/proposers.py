@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from core.ablation.study import AblationSettings, ablation_study
+from core.choices import PROPOSER_CONTROLS as DEFAULT_CONTROLS, PROPOSER_SUMMARIES
 from core.errors import HeadLabError
 from core.executor import Executor
 from core.heads import HeadSet, head_name, parse_heads
@@ -38,7 +39,6 @@ from core.pipelines.coactivation import CoactivationSettings, coactivation
 from core.pipelines.recipe import screen
 from core.results import JsonResult
 
-DEFAULT_CONTROLS = 20
 # The one closure test every proposal gets: any-layer controls (the proposals sit in different layers),
 # no upper bound, a short bootstrap (the verdicts read z and the control range, not the interval).
 DISPOSER = AblationSettings(n_controls=DEFAULT_CONTROLS, controls="any-layer", include_upper_bound=False, n_boot=200)
@@ -225,13 +225,13 @@ class Proposer:
 
 
 PROPOSERS: tuple[Proposer, ...] = (
-    Proposer("spectral", "top heads by PR-integral over training [SPC Step 1]",
+    Proposer("spectral", PROPOSER_SUMMARIES["spectral"],
              lambda x: spectral_proposal(x.screen_report, x.size)),
-    Proposer("pattern screen", "heads at or above the induction membership threshold [SPC Step 2]",
+    Proposer("pattern screen", PROPOSER_SUMMARIES["pattern screen"],
              lambda x: screen_proposal(x.screen_report)),
-    Proposer("co-activation", "the candidate Ising community [CVC]",
+    Proposer("co-activation", PROPOSER_SUMMARIES["co-activation"],
              lambda x: coactivation_proposal(x.ref, x.revision, x.spec, device=x.device, dtype=x.dtype)),
-    Proposer("gradient", "top heads by probe-loss gradient norm [HHG]",
+    Proposer("gradient", PROPOSER_SUMMARIES["gradient"],
              lambda x: gradient_proposal(x.gradient, x.size)),
 )
 PROPOSER_NAMES = tuple(proposer.name for proposer in PROPOSERS)

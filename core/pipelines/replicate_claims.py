@@ -18,18 +18,17 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from core.choices import REPLICATE_PRESETS as PRESETS, REPLICATE_TARGETS as TARGETS
 from core.errors import HeadLabError
 from core.model.refs import read_manifest
 from core.stats.dynamics import IDENTIFIABLE_BAND, Z_THRESHOLD
 from core.zoo.evaluate import INDUCTION_LOSS_TARGET
 from core.zoo.presets import ZOO_PRESETS, preset_models
 
-TARGETS = ("spectral", "closure", "attribution")
 # The [HHG] claims are measured under each mean-ablation variant, side by side (issue 18): the paper's one
 # mean over examples and positions, HeadLab's earlier per-position mean, and the reference code's post-W_O
 # slice overwrite (not a head ablation; it reproduces the published numbers).
 ATTRIBUTION_VARIANTS = ("mean", "mean-per-position", "reference-slice")
-PRESETS = ("quick", "paper")
 HELD = "held"
 NOT_HELD = "did not hold"
 NEEDS_PAPER = "needs the paper preset"

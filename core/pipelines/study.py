@@ -20,6 +20,7 @@ from core.ablation.edges import EdgeSettings, faithfulness_curve, top_edges
 from core.ablation.edges.runs import check_edge_model, check_edge_run_fits
 from core.ablation.patching import PatchSettings
 from core.ablation.study import AblationSettings, summarize_ablation
+from core.choices import SKIPPABLE, STUDY_TASKS
 from core.errors import HeadLabError
 from core.heads import HeadSet, head_name
 from core.model.loading import DEFAULT_DTYPE, load_config, load_model, parse_dtype
@@ -36,10 +37,6 @@ from core.tasks.ioi import IoiCounterfactualSpec, ioi_spec
 from core.tasks.specs import probe_spec
 from core.tasks.tokens import tokenizer_of_folder
 
-STUDY_TASKS = ("induction", "ioi")
-# the IOI stages that may be left out (--skip), most costly last; logit-diff and patching always run
-SKIPPABLE = ("edges-eap", "edges-eap-ig", "random-edges", "stability", "roles", "disposer", "paths", "proposers",
-             "gradient-vs-causal", "acdc-cost")
 ROLES_STAGE = "roles-mlp0"  # the roles stage's cache name: its copy score goes through MLP0 (study_roles.py)
 STUDY_VERSION = "1"
 MAX_EXAMPLES = 2048  # pairs or probe sequences: more would take hours per stage on a CPU

@@ -15,12 +15,12 @@ from typing import Callable
 
 import numpy as np
 
+from core.choices import CONTROL_KINDS
 from core.errors import HeadLabError
 from core.heads import HeadSet
 from core.results import JsonResult
 from core.tasks.probe_batch import check_seed
 
-CONTROL_KINDS = ("matched", "any-layer")
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from typing import Sequence
 import numpy as np
 from scipy.stats import spearmanr
 
+from core.choices import METRICS
 from core.errors import HeadLabError
 from core.results import JsonResult
 
@@ -22,7 +23,6 @@ from core.results import JsonResult
 # Metrics and their direction
 # ----------------------------------------------------------------------------------------------
 
-METRICS = ("loss", "top1", "top5", "target_logit")
 # +1: a larger value is damage (loss); -1: a smaller value is damage (accuracies, target logit).
 DAMAGE_SIGN = {"loss": 1.0, "top1": -1.0, "top5": -1.0, "target_logit": -1.0}
 # Names used by the reference result files, mapped to HeadLab's.

@@ -24,11 +24,11 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 from threadpoolctl import threadpool_limits
 
+from core.choices import ISING_C as DEFAULT_C
 from core.errors import HeadLabError
 from core.results import JsonResult
 from core.stats.spins import as_array, check_spins, constant_heads
 
-DEFAULT_C = 1000.0
 
 
 @dataclass(frozen=True, eq=False)  # array fields: compare fits by their arrays, not ==

@@ -12,10 +12,10 @@ from typing import Sequence
 
 import numpy as np
 
+from core.choices import PATCH_DIRECTIONS as DIRECTIONS
 from core.errors import HeadLabError
 from core.stats.inference import DAMAGE_SIGN, MIN_RELIABLE_Z_CONTROLS, Z_CONVENTION, empirical_rank_p, z_score
 
-DIRECTIONS = ("denoise", "noise")
 # +1: a larger score means more effect (denoising restores); -1: a smaller one does (noising breaks).
 EFFECT_SIGN = {"denoise": 1.0, "noise": -1.0}
 GAP_FLOOR = 1e-12  # a clean-corrupted gap below this has nothing to normalize by

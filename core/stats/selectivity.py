@@ -29,6 +29,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 import numpy as np
 import torch
 
+from core.choices import CLASS_THRESHOLD
 from core.errors import HeadLabError
 from core.heads import HeadSet
 from core.results import JsonResult, jsonable
@@ -39,7 +40,6 @@ DEFAULT_BASELINE_N = 50
 DEFAULT_BASELINE_SEED = 0
 DEFAULT_NULL_DRAWS = 500  # calibration_summary.json: null_draws = 500 (the stored OLMo file has 20)
 DEFAULT_NULL_SEED = 2026  # reference null_seed
-CLASS_THRESHOLD = 30.0
 INDUCTION_THRESHOLD = 50.0
 NOISE_FLOOR_MINIMUM = 2.0
 DENOMINATOR_FLOOR = 1e-8

@@ -25,12 +25,11 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 import torch
 
+from core.choices import PR_DEFINITION as DEFAULT_DEFINITION, PR_RULE as DEFAULT_RULE
 from core.errors import HeadLabError
 from core.heads import Head
 from core.results import JsonResult
 
-DEFAULT_DEFINITION = "entropy"
-DEFAULT_RULE = "trapezoid"
 PR_INTEGRAL_RULES = ("trapezoid", "paper_sum")
 _RULE_ALIASES = {"trapezoid": "trapezoid", "paper_sum": "paper_sum", "right": "paper_sum"}
 _CHUNK = 256  # examples per Gram-matrix chunk, so [chunk, layer, head, d_head] float64 stays small

@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from core.choices import CORRUPTIONS
 from core.errors import HeadLabError
 from core.results import JsonResult
 from core.tasks.counterfactual import PatchPair, ProbeCounterfactual
@@ -65,7 +66,6 @@ TEMPLATES = (
     "Friends {A} and {B} went to the {PLACE}. {S} gave a {OBJECT} to",
 )
 SLOTS = ("A", "B", "S", "PLACE", "OBJECT")
-CORRUPTIONS = ("abc", "swap")
 MIN_NAMES = 5  # IO, S and the ABC counterfactual's three others
 MIN_TEMPLATES = 3
 N_TEMPLATE_CHECKS = 8  # fills per template whose whole-prompt tokens must equal the pieces' tokens

@@ -7,11 +7,11 @@ object, so the positions that define "induction", "previous-token", ... are fixe
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from numbers import Integral
 from typing import Iterator
 
 import torch
 
+from core.choices import MAX_SEED, check_seed
 from core.errors import HeadLabError
 
 # Canonical attention targets at the query position q (METHODS.md, "The synthetic induction probe batch").
@@ -19,21 +19,6 @@ PATTERNS = ("induction", "duplicate-token", "previous-token", "self", "first-tok
 SINGLE_POSITION_PATTERNS = PATTERNS[:-1]
 LOCAL_OFFSETS = (5, 4, 3, 2)  # local = mean over q-5 .. q-2
 MIN_QUERY_POS = 5  # so that every pattern, local included, has a key position >= 0
-MAX_SEED = 2**32 - 1  # numpy's RandomState takes seeds in [0, 2**32 - 1]; every probe and control draw uses it
-
-
-def check_seed(seed: int, what: str = "seed") -> int:
-    """The seed as an int, or HeadLabError when numpy's RandomState cannot take it (outside [0, 2**32 - 1]).
-
-    what: how the user names it in the message (e.g. "--control-seed", "Induction probe seed").
-    """
-    if isinstance(seed, bool) or not isinstance(seed, Integral):
-        raise HeadLabError(f"{what} must be a whole number, got {seed!r}.")
-    if not 0 <= int(seed) <= MAX_SEED:
-        raise HeadLabError(f"{what} is {seed}; use a seed between 0 and {MAX_SEED} (2**32 - 1).")
-    return int(seed)
-
-
 @dataclass(frozen=True, eq=False)
 class ProbeBatch:
     """Sequences plus, per example, the query position, the target token and the induction keys.

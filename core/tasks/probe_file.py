@@ -35,13 +35,13 @@ from typing import Any, ClassVar, Union
 
 import torch
 
+from core.choices import PADDING_SIDES
 from core.errors import HeadLabError
 from core.tasks.counterfactual import PatchPair
 from core.tasks.probe_batch import MIN_QUERY_POS, ProbeBatch
 from core.tasks.tokens import is_byte_tokenizer, pad_id
 
 FIELDS = ("prompt", "prompt_ids", "target", "corrupted_prompt", "corrupted_target", "query_pos")
-PADDING_SIDES = ("right", "left")
 Prompt = Union[str, tuple[int, ...]]  # text, or token ids given in the file
 Target = Union[str, int]
 

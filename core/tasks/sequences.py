@@ -12,6 +12,7 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 
+from core.choices import HHG_FORMATS
 from core.errors import HeadLabError
 
 SEQ_VOCAB_SIZE = 104
@@ -27,7 +28,6 @@ TASKS = ("reverse", "sort")
 # code's (make_batch in the authors' iclr_workshop_pipeline.py): input START x SEP and target y END are
 # padded separately to the batch's longest, so a shorter sample has PADs between SEP and its answer and
 # predicts y1 from a PAD. Evaluation prompts (one length per batch) are the same in both.
-HHG_FORMATS = ("headlab", "reference")
 TRAIN_LENGTHS = range(3, 8)  # 3..7
 OOD_LENGTHS = range(8, 12)  # 8..11
 MAX_SEQUENCE_LENGTH = 40

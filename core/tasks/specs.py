@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping, Protocol
 
+from core.choices import PROBE_TASKS as TASKS
 from core.errors import HeadLabError
 from core.tasks.counterfactual import InductionCounterfactualSpec
 from core.tasks.induction import InductionProbeSpec, token_source
@@ -39,9 +40,7 @@ class ProbeSpec(Protocol):
     def check_vocab(self, vocab_size: int) -> None: ...
 
 
-SPEC_CLASSES: dict[str, type] = {"induction": InductionProbeSpec, "induction-repeat": RepeatInductionSpec,
-                                 "text": TextProbeSpec, "ioi": IoiSpec}
-TASKS = tuple(SPEC_CLASSES)
+SPEC_CLASSES: dict[str, type] = dict(zip(TASKS, (InductionProbeSpec, RepeatInductionSpec, TextProbeSpec, IoiSpec)))
 TOKENIZER_TASKS = ("ioi",)  # tasks built from the model's own tokenizer (none without one)
 PAIR_TASKS = ("induction", "ioi")  # tasks with a built-in counterfactual (patch, edges, the Patching and graph pages)
 

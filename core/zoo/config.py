@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core.choices import FAMILIES, TRAIN_TASKS as TASKS
 from core.errors import HeadLabError
 from core.results import JsonResult
 from core.tasks.sequences import check_hhg_format
 
-FAMILIES = ("gpt_neox", "llama", "olmoe")
-TASKS = ("induction", "reverse", "sort", "shifted", "duplicate", "tokens", "none")
 INDUCTION_TASKS = ("induction", "shifted")  # byte-level induction (core/tasks/mixture.py)
 # "tokens": induction on the reference probe's token range (core/tasks/token_repeats.py);
 # "none": no training, the seeded initial weights only (real shapes for memory and speed work).

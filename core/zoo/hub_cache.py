@@ -28,10 +28,10 @@ import huggingface_hub.constants as hub_constants
 from huggingface_hub.file_download import repo_folder_name
 from huggingface_hub.utils.sha import git_hash
 
+from core.choices import REVISION_STYLES
 from core.errors import HeadLabError
 from core.model.refs import ModelRef, checkpoint_path, parse_revision, read_manifest
 
-REVISION_STYLES = ("pythia", "olmo")
 LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack")
 LFS_MIN_BYTES = 10 * 2**20  # the hub stores files this large through LFS whatever their name
 

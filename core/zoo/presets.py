@@ -21,6 +21,7 @@ from typing import Callable
 
 import torch
 
+from core.choices import PYTHIA_SIZES
 from core.errors import HeadLabError
 from core.executor import Executor, ProgressBar, ProgressFn, SerialExecutor, SweepFailed, Task, run_task, tqdm_progress
 from core.workspace import zoo_dir
@@ -79,13 +80,13 @@ _DUPLICATE_TRAIN = TrainConfig(
     repeat_warmup_steps=0, eval_every=100, stop_accuracy=None,
 )
 
-# Published architectures, from EleutherAI/pythia-{14m,70m,160m,1b}'s config.json: vocabulary 50,304,
-# rotary on 25% of each head's dims, parallel residual, untied embeddings, 2,048 positions, d_ff 4 x d_model.
+# Published architectures, from EleutherAI/pythia-{14m,70m,160m,1b}'s config.json (sizes: core.choices.PYTHIA_SIZES):
+# vocabulary 50,304, rotary on 25% of each head's dims, parallel residual, untied embeddings, 2,048 positions,
+# d_ff 4 x d_model.
 PYTHIA_SHAPES: dict[str, ModelConfig] = {
     name: ModelConfig(family="gpt_neox", n_layers=layers, n_heads=heads, d_model=width, d_ff=4 * width,
                       vocab_size=50_304, max_seq_len=2048, rotary_pct=0.25, use_parallel_residual=True)
-    for name, layers, heads, width in (("pythia-14m", 6, 4, 128), ("pythia-70m", 6, 8, 512),
-                                       ("pythia-160m", 12, 12, 768), ("pythia-1b", 16, 8, 2048))
+    for name, (layers, heads, width) in PYTHIA_SIZES.items()
 }
 _INIT_ONLY = TrainConfig(task="none", steps=0, repeat_warmup_steps=0, stop_accuracy=None)
 # Induction at the reference probe's settings (T = 256, tokens in [100, 10000)): rows of random tokens

@@ -21,7 +21,7 @@ MAX_PARAMETERS = 10
 
 # Lower number = lower layer; a module may import its own layer or any lower one.
 LAYERS = [
-    ("core.errors", 0), ("core.results", 0), ("core.threads", 0),
+    ("core.errors", 0), ("core.results", 0), ("core.threads", 0), ("core.choices", 0),
     ("core.tasks", 1), ("core.heads", 1), ("core.workspace", 1), ("core.executor", 1),
     ("core.stats", 2), ("core.model", 2), ("core.zoo.known", 4), ("core.zoo", 2), ("core.store", 2),
     ("core.ablation", 3), ("core.probe", 3),

@@ -28,13 +28,13 @@ from core.ablation.edges.runs import (EdgeChunk, EdgeHooks, EdgeSettings, check_
 from core.ablation.patching.attribution import float32_weights
 from core.ablation.patching.paths import split_qkv_inputs
 from core.ablation.patching.runs import GRADIENT_METRICS
+from core.choices import EDGE_ALGORITHMS as METHODS
 from core.errors import HeadLabError
 from core.model.hooks import model_dtype
 from core.model.loading import dtype_name
 from core.results import JsonResult, provenance
 from core.tasks.counterfactual import PatchPair
 
-METHODS = ("eap", "eap-ig", "acdc")
 IG_RULES = {"right": "alpha = k / steps, k = 1..steps (the clean end in: 1 step is EAP)",
             "left": "alpha = k / steps, k = 0..steps-1 (MIB's EAP-IG-inputs code: the corrupted end in)"}
 Progress = Callable[[int, int], None]

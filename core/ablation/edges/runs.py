@@ -34,6 +34,7 @@ from core.ablation.edges.graph import HEAD_INPUTS, LOGITS, EdgeGraph, edge_graph
 from core.ablation.patching.paths import split_qkv_inputs
 from core.ablation.patching.runs import (PATCH_METRICS, PatchSettings, check_pair_fits, checked_gap, metric_values,
                                          query_logits)
+from core.choices import EDGE_METRICS, EDGE_REPLACEMENTS as REPLACEMENTS
 from core.errors import HeadLabError
 from core.model.hooks import head_output_weights, hook_name, mask_kwargs, mlp_hook_name, model_device, model_shape
 from core.ablation.edges.memory import (check_edge_run_fits, edge_forward_bytes, edge_pair_bytes,  # noqa: F401
@@ -43,8 +44,6 @@ from core.results import JsonResult
 from core.stats.patching import normalized_score
 from core.tasks.counterfactual import PatchPair
 
-EDGE_METRICS = PATCH_METRICS + ("kl",)
-REPLACEMENTS = ("resample", "mean")
 Hook = tuple[str, Callable]
 
 

@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from core.choices import PATCH_METRICS
 from core.stats.metrics import query_metrics
 from core.errors import HeadLabError
 from core.heads import HeadSet
@@ -29,7 +30,6 @@ from core.stats.patching import check_direction, check_gap, gap_stats
 from core.tasks.counterfactual import PatchPair
 from core.tasks.probe_batch import check_seed
 
-PATCH_METRICS = ("logit_diff",) + METRICS
 GRADIENT_METRICS = ("logit_diff", "target_logit", "loss")  # top-1 / top-5 are steps: no useful gradient
 Hook = tuple[str, Callable]
 Progress = Callable[[int, int], None]
