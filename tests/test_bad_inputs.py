@@ -367,7 +367,7 @@ def test_a_good_json_path_still_gets_the_result(home, tmp_path, capsys):
 
 def test_train_with_the_default_flags_left_out_is_not_refused(home):
     """`is None`, not falsiness, decides "use the default": a left-out flag still takes the task's value."""
-    from core.cli.zoo import chosen
+    from core.cli.zoo_run import chosen
 
     assert chosen(None, 3) == 3 and chosen(0, 3) == 0 and chosen(5, 3) == 5
     assert zoo_model_dir("my-model.v2") == home / "zoo" / "my-model.v2"
@@ -977,7 +977,7 @@ def test_probe_never_says_cached_for_a_truncated_or_garbage_entry(home, capsys):
 
 
 def test_rerunning_train_with_one_flag_changed_names_it_and_offers_a_new_name_first(home, capsys, monkeypatch):
-    import core.cli.zoo
+    import core.cli.zoo_run
 
     def stop(name, model_cfg, train_cfg, out_dir, **kwargs):  # the configs `train --steps 5` asks for, no training
         (out_dir / "checkpoints").mkdir(parents=True)
@@ -986,7 +986,7 @@ def test_rerunning_train_with_one_flag_changed_names_it_and_offers_a_new_name_fi
         raise HeadLabError("stopped")
 
     with monkeypatch.context() as patched:
-        patched.setattr(core.cli.zoo, "train_model", stop)
+        patched.setattr(core.cli.zoo_run, "train_model", stop)
         assert run_cli(["train", "--name", "mine", "--steps", "5"], capsys)[0] == 2
     status, err = run_cli(["train", "--name", "mine", "--steps", "7"], capsys)
     assert status == 2 and "holds a finished model with a different config (--steps 5 there, 7 now)" in err

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from core.executor import BACKENDS, Executor, make_executor
+from core.choices import BACKENDS
+
+if TYPE_CHECKING:  # the annotation only: core.executor loads torch, and the flags must not
+    from core.executor import Executor
 
 
 def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,4 +20,6 @@ def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def executor_from_args(args: argparse.Namespace) -> Executor:
+    from core.executor import make_executor  # torch, loaded when a command runs (never for --help)
+
     return make_executor(args.backend, args.address)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import struct
 from pathlib import Path
 from typing import Any, Iterator
@@ -30,7 +29,7 @@ from transformer_lens.model_bridge import TransformerBridge
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
 
-from core.choices import DEFAULT_DTYPE, DTYPE_NAMES
+from core.choices import DEFAULT_DTYPE, DTYPE_NAMES, check_device
 from core.errors import HeadLabError
 from core.model.memory import check_fits_in_memory
 from core.model.refs import ModelRef, checkpoint_path, repair_hint, require_cached
@@ -305,31 +304,6 @@ def load_model(ref: ModelRef, revision: str | None = None, device: str = "cpu",
             "use a supported architecture (GPT-NeoX, Llama, OLMo, OLMoE, ...)."
         ) from None
     return bridge.eval()
-
-
-def check_device(device: str) -> str:
-    """The device name, or HeadLabError: empty, a device HeadLab does not run on (tpu, ...), cuda or cuda:N
-    without that GPU, mps without Apple's backend. The one check of a device, made by the CLI's argument layer
-    (core/cli/probe.py add_device_arguments) before any estimate or work, and again by every loader."""
-    device = str(device).strip()
-    if not device:
-        raise HeadLabError("--device is empty; use cpu, or cuda / cuda:N on a machine with an NVIDIA GPU.")
-    match = re.fullmatch(r"cuda(?::(\d+))?", device)
-    if match:
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise HeadLabError(f"device {device!r} was asked for but no CUDA GPU is present; use cpu.")
-        if match.group(1) is not None and int(match.group(1)) >= count:
-            raise HeadLabError(f"device {device!r} was asked for but this machine has {count} CUDA GPU(s) "
-                               f"(cuda:0..cuda:{count - 1}); use one of those or cpu.")
-        return device
-    if device == "mps":
-        if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-            raise HeadLabError("device 'mps' was asked for but Apple's MPS backend is not available here; use cpu.")
-        return device
-    if device != "cpu":
-        raise HeadLabError(f"unknown device {device!r}; use cpu, or cuda / cuda:N on a machine with an NVIDIA GPU.")
-    return device
 
 
 def byte_tokenizer(add_bos: bool = False) -> Any:

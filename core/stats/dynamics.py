@@ -19,10 +19,10 @@ from typing import Any, Iterable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
+from core.choices import PR_RISE_MARGIN as DEFAULT_MARGIN
 from core.errors import HeadLabError
 from core.heads import Head, HeadSet, head_name, parse_heads
 
-DEFAULT_MARGIN = 0.5  # PR units above the running minimum
 IDENTIFIABLE_BAND = (0.003, 0.02)  # [SPC]: identifiable from 0.3-2% of the training tokens
 Z_THRESHOLD = 1.8  # closure / significance threshold on |z| (METHODS.md, closure test)
 FORM_FUNCTION_LABELS = ("form and function", "function without form", "form without function", "neither")

@@ -146,7 +146,7 @@ REPORT = Path(__file__).resolve().parents[2] / "docs" / "benchmark"
 @pytest.mark.skipif(not (REPORT / "report.json").is_file(), reason="no committed benchmark report")
 def test_committed_report_md_is_generated_from_report_json():
     """docs/benchmark/report.md is report_markdown(report.json): every number in it comes from the JSON."""
-    from core.cli.benchmark import figure_links, report_figures, report_markdown
+    from core.cli.benchmark_run import figure_links, report_figures, report_markdown
 
     report = json.loads((REPORT / "report.json").read_text())
     links = figure_links(report_figures(report))

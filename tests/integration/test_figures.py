@@ -17,7 +17,8 @@ import torch
 
 from core.ablation.spec import ConditionMetrics
 from core.ablation.study import AblationResult, condition_stats, example_damage, worst_examples
-from core.cli.export import _formats, add_export_arguments, cli_export
+from core.cli.export import add_export_arguments, cli_export
+from core.cli.export_run import _formats
 from core.errors import HeadLabError
 from core.figures._style import PICKER, SELECTIVITY_FLOOR, heads_from_points
 from core.figures.ablation import ablation_strip, head_grid, per_example_damage

@@ -12,7 +12,7 @@ import pytest
 
 from core.ablation.patching import PatchSettings, activation_patching, attribution_patching
 from core.ablation.patching.activation import HeadPatching
-from core.cli.patch import report_lines, top_k_from_args
+from core.cli.patch_run import report_lines, top_k_from_args
 from core.errors import HeadLabError
 from core.pipelines.patching import DEFAULT_TOP_K, PatchPlan, check_top_k, effect_size, run_patching
 from tests.hand_model import random_hand_model

@@ -21,7 +21,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 import pytest
 
-import core.cli.replicate as rcli
+import core.cli.replicate_run as rcli
 import core.cli.replicate_report as rw
 import core.pipelines.replicate as rep
 import core.pipelines.replicate_claims as rc

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from core.cli.study import report_markdown, write_report
+from core.cli.study_run import report_markdown, write_report
 from core.model.loading import load_hf_model, load_model
 from core.model.refs import ModelRef
 from core.pipelines.study import StudySettings, run_study
