@@ -4,9 +4,10 @@ Each command is a module of core/cli/ (the benchmarks: core/cli/bench.py) with a
 `add_<name>_arguments(parser)` / `cli_<name>(args) -> dict`. This file only wires them up, writes
 `--json PATH` when asked, and turns a HeadLabError into one line on stderr and exit status 2.
 
-The command modules import torch, transformers and TransformerLens (about 16 s of CPU, a minute
-on a busy machine), so `main` imports only the module of the command it runs: `--help`, a
-misspelt command and the list of commands answer at once, from the names and help lines below.
+A command's work imports torch, transformers and TransformerLens (about 16 s of CPU, a minute on a
+busy machine). `main` imports only the module of the command it runs, which holds its arguments alone
+(the work is in core/cli/NAME_run.py, imported when it runs): `--help`, a misspelt command or flag and
+the list of commands answer at once.
 """
 
 from __future__ import annotations

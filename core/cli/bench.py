@@ -1,7 +1,7 @@
 """`python -m core bench ...`: the benchmarks' command-line wiring (what they measure lives in core/bench/).
 
-Each benchmark is a pair `add_bench_<name>_arguments(parser)` / `cli_bench_<name>(args) -> dict`, listed in
-`BENCHES`. Every result carries a `machine` record (CPU model, cores, torch threads, load average at the
+Each benchmark is a pair `add_bench_<name>_arguments(parser)` / `cli_bench_<name>(args) -> dict` (in bench_run.py),
+listed in `BENCHES`. Every result carries a `machine` record (CPU model, cores, torch threads, load average at the
 start, date, commit), so a committed JSON says where and when its numbers were measured.
 `python -m core bench all --out docs/measurements/` runs every benchmark at its defaults and writes
 one `bench-<name>.json` each; the docs quote only figures found in those files.
@@ -25,7 +25,6 @@ from core.choices import PYTHIA_SIZES, REAL_MODEL_NAMES, SWEEP_MODELS
 from core.cli.probe import add_device_arguments
 from core.errors import HeadLabError
 from core.workspace import atomic_write_json, check_output_file
-
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
