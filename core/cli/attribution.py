@@ -37,6 +37,6 @@ def add_attribution_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cli_attribution(args: argparse.Namespace) -> dict:
     """Run the command (core/cli/attribution_run.py)."""
-    from core.cli.attribution_run import run_attribution  # torch and the pipelines, loaded when the command runs (never for --help)
+    from core.cli import attribution_run  # torch and the pipelines, loaded when the command runs (never for --help)
 
-    return run_attribution(args)
+    return attribution_run.cli_attribution(args)

@@ -16,7 +16,7 @@ from core.pipelines.attribution import analyze_ref, attribution_dir, postfix_pro
 from core.pipelines.attribution_results import AttributionResult, AttributionSettings, AttributionSummary
 
 
-def run_attribution(args: argparse.Namespace) -> dict:
+def cli_attribution(args: argparse.Namespace) -> dict:
     """One model (MODEL) -> its AttributionResult JSON; --zoo-preset -> the AttributionSummary JSON."""
     settings = AttributionSettings(
         task=args.task, gradient_variant=args.gradient_variant, n_batches=args.n_batches, batch_size=args.batch_size,

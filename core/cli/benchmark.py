@@ -43,6 +43,6 @@ def add_benchmark_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cli_benchmark(args: argparse.Namespace) -> dict:
     """Run the command (core/cli/benchmark_run.py)."""
-    from core.cli.benchmark_run import run_benchmark  # torch and the pipelines, loaded when the command runs (never for --help)
+    from core.cli import benchmark_run  # torch and the pipelines, loaded when the command runs (never for --help)
 
-    return run_benchmark(args)
+    return benchmark_run.cli_benchmark(args)

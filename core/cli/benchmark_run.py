@@ -41,7 +41,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchmarkSettings:
     return BenchmarkSettings(**values)
 
 
-def run_benchmark(args: argparse.Namespace) -> dict:
+def cli_benchmark(args: argparse.Namespace) -> dict:
     if args.out is not None:
         check_output_folder(args.out, "--out")
     if args.from_report is not None:

@@ -54,6 +54,6 @@ def add_coactivation_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cli_coactivation(args: argparse.Namespace) -> dict:
     """Run the command (core/cli/coactivation_run.py)."""
-    from core.cli.coactivation_run import run_coactivation  # torch and the pipelines, loaded when the command runs (never for --help)
+    from core.cli import coactivation_run  # torch and the pipelines, loaded when the command runs (never for --help)
 
-    return run_coactivation(args)
+    return coactivation_run.cli_coactivation(args)

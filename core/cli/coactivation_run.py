@@ -70,7 +70,7 @@ def print_summary(report: CoactivationReport) -> None:
         print(f"note: {note}")
 
 
-def run_coactivation(args: argparse.Namespace) -> dict:
+def cli_coactivation(args: argparse.Namespace) -> dict:
     report = coactivation(ModelRef.parse(args.model), args.revision, probe_spec_from_args(args),
                           settings_from_args(args), device=args.device, say=lambda text: print(f"... {text}"),
                           dtype=args.dtype, executor=executor_from_args(args))

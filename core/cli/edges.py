@@ -61,6 +61,6 @@ def whole_number(text: str) -> int:
 
 def cli_edges(args: argparse.Namespace) -> dict:
     """Run the command (core/cli/edges_run.py)."""
-    from core.cli.edges_run import run_edges  # torch and the pipelines, loaded when the command runs (never for --help)
+    from core.cli import edges_run  # torch and the pipelines, loaded when the command runs (never for --help)
 
-    return run_edges(args)
+    return edges_run.cli_edges(args)

@@ -23,7 +23,7 @@ from core.tasks.specs import PAIR_TASKS
 from core.zoo.known import known_circuit
 
 
-def run_edges(args: argparse.Namespace) -> dict:
+def cli_edges(args: argparse.Namespace) -> dict:
     if args.graph_only:
         ref = ModelRef.parse(args.model)
         revision = resolve_checkpoint(ref, args.revision).revision

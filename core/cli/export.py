@@ -43,6 +43,6 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cli_export(args: argparse.Namespace) -> dict:
     """Run the command (core/cli/export_run.py)."""
-    from core.cli.export_run import run_export  # torch and the pipelines, loaded when the command runs (never for --help)
+    from core.cli import export_run  # torch and the pipelines, loaded when the command runs (never for --help)
 
-    return run_export(args)
+    return export_run.cli_export(args)

@@ -42,7 +42,7 @@ def _formats(text: str) -> tuple[str, ...]:
     return formats
 
 
-def run_export(args: argparse.Namespace) -> dict:
+def cli_export(args: argparse.Namespace) -> dict:
     """Write the chosen figures for MODEL into --out; returns the files written."""
     check_output_folder(args.out, "--out")  # before any model runs
     formats = _formats(args.formats)

@@ -50,6 +50,6 @@ def add_patch_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cli_patch(args: argparse.Namespace) -> dict:
     """Run the command (core/cli/patch_run.py)."""
-    from core.cli.patch_run import run_patch  # torch and the pipelines, loaded when the command runs (never for --help)
+    from core.cli import patch_run  # torch and the pipelines, loaded when the command runs (never for --help)
 
-    return run_patch(args)
+    return patch_run.cli_patch(args)

@@ -45,7 +45,7 @@ def top_k_from_args(text: str | None, n_heads_total: int, attribution: bool, met
     return value
 
 
-def run_patch(args: argparse.Namespace) -> dict:
+def cli_patch(args: argparse.Namespace) -> dict:
     if args.probe_file is None and args.task not in PAIR_TASKS:
         raise HeadLabError("patch has built-in counterfactuals for the induction and ioi tasks only; use --task induction "
                            "or --task ioi, or give your own pairs with --probe-file.")

@@ -104,6 +104,6 @@ def add_probe_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cli_probe(args: argparse.Namespace) -> dict:
     """Run the command (core/cli/probe_run.py)."""
-    from core.cli.probe_run import run_probe  # torch and the pipelines, loaded when the command runs (never for --help)
+    from core.cli import probe_run  # torch and the pipelines, loaded when the command runs (never for --help)
 
-    return run_probe(args)
+    return probe_run.cli_probe(args)

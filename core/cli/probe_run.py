@@ -83,7 +83,7 @@ def probe_from_args(args: argparse.Namespace) -> ProbeSpec | ProbeFile:
     return probe_spec_from_args(args)
 
 
-def run_probe(args: argparse.Namespace) -> dict:
+def cli_probe(args: argparse.Namespace) -> dict:
     """Fill the HeadStats cache for one or all checkpoints of each model, one task per checkpoint not
     cached yet (on --backend), with a progress bar over tasks; returns what each checkpoint did."""
     refs = [ModelRef.parse(name) for name in args.model]

@@ -30,6 +30,6 @@ def add_proposers_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cli_proposers(args: argparse.Namespace) -> dict:
     """Run the command (core/cli/proposers_run.py)."""
-    from core.cli.proposers_run import run_proposers  # torch and the pipelines, loaded when the command runs (never for --help)
+    from core.cli import proposers_run  # torch and the pipelines, loaded when the command runs (never for --help)
 
-    return run_proposers(args)
+    return proposers_run.cli_proposers(args)

@@ -15,7 +15,7 @@ from core.model.refs import ModelRef
 from core.pipelines.proposers import DISPOSER, proposers_vs_disposer
 
 
-def run_proposers(args: argparse.Namespace) -> dict:
+def cli_proposers(args: argparse.Namespace) -> dict:
     ref = ModelRef.parse(args.model)
     disposer = replace(DISPOSER, n_controls=args.controls, controls=args.control_kind, mode=args.mode,
                        seed=args.control_seed)

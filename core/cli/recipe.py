@@ -74,20 +74,20 @@ def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cli_screen(args: argparse.Namespace) -> dict:
     """Run the command (core/cli/recipe_run.py)."""
-    from core.cli.recipe_run import run_screen  # torch and the pipelines, loaded when the command runs (never for --help)
+    from core.cli import recipe_run  # torch and the pipelines, loaded when the command runs (never for --help)
 
-    return run_screen(args)
+    return recipe_run.cli_screen(args)
 
 
 def cli_ablate(args: argparse.Namespace) -> dict:
     """Run the command (core/cli/recipe_run.py)."""
-    from core.cli.recipe_run import run_ablate  # torch and the pipelines, loaded when the command runs (never for --help)
+    from core.cli import recipe_run  # torch and the pipelines, loaded when the command runs (never for --help)
 
-    return run_ablate(args)
+    return recipe_run.cli_ablate(args)
 
 
 def cli_recipe(args: argparse.Namespace) -> dict:
     """Run the command (core/cli/recipe_run.py)."""
-    from core.cli.recipe_run import run_recipe  # torch and the pipelines, loaded when the command runs (never for --help)
+    from core.cli import recipe_run  # torch and the pipelines, loaded when the command runs (never for --help)
 
-    return run_recipe(args)
+    return recipe_run.cli_recipe(args)

@@ -23,7 +23,7 @@ from core.probe import check_probe_fits, probe_batch_for
 from core.stats.inference import format_rank_z
 
 
-def run_screen(args: argparse.Namespace) -> dict:
+def cli_screen(args: argparse.Namespace) -> dict:
     ref = ModelRef.parse(args.model)
     settings = ScreenSettings(k=args.k, definition=args.pr, rule=args.rule, baseline=args.baseline,
                               class_threshold=args.class_threshold, induction_threshold=args.induction_threshold)
@@ -89,7 +89,7 @@ def _progress_bar(desc: str):
     return bar, progress
 
 
-def run_ablate(args: argparse.Namespace) -> dict:
+def cli_ablate(args: argparse.Namespace) -> dict:
     ref = ModelRef.parse(args.model)
     checkpoint = resolve_checkpoint(ref, args.revision)
     config = load_config(ref, checkpoint.revision)
@@ -133,7 +133,7 @@ def _ablate_every_mode(ref: ModelRef, revision: str, config, selection, args: ar
     return {**out, "model": ref.name, "revision": revision, "summaries": summaries}
 
 
-def run_recipe(args: argparse.Namespace) -> dict:
+def cli_recipe(args: argparse.Namespace) -> dict:
     ref = ModelRef.parse(args.model)
     out = run_recipe(ref, probe_from_args(args), args.controls, args.mode, args.control_seed, args.device,
                      progress=lambda text: print(f"... {text}"), dtype=args.dtype, executor=executor_from_args(args))

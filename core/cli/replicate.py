@@ -40,6 +40,6 @@ def add_replicate_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cli_replicate(args: argparse.Namespace) -> dict:
     """Run the command (core/cli/replicate_run.py)."""
-    from core.cli.replicate_run import run_replicate  # torch and the pipelines, loaded when the command runs (never for --help)
+    from core.cli import replicate_run  # torch and the pipelines, loaded when the command runs (never for --help)
 
-    return run_replicate(args)
+    return replicate_run.cli_replicate(args)

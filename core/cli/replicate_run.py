@@ -58,7 +58,7 @@ def replicate(target: str, settings: ReplicateSettings = ReplicateSettings(), ou
     return report
 
 
-def run_replicate(args: argparse.Namespace) -> dict:
+def cli_replicate(args: argparse.Namespace) -> dict:
     formats = tuple(f.strip().lower() for f in str(args.formats).split(",") if f.strip())
     check_probe_batch_fits(args.n, args.seq_len)
     if args.out is not None:

@@ -37,6 +37,6 @@ def add_study_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cli_study(args: argparse.Namespace) -> dict:
     """Run the command (core/cli/study_run.py)."""
-    from core.cli.study_run import run_study  # torch and the pipelines, loaded when the command runs (never for --help)
+    from core.cli import study_run  # torch and the pipelines, loaded when the command runs (never for --help)
 
-    return run_study(args)
+    return study_run.cli_study(args)

@@ -36,7 +36,7 @@ def check_out_folder(folder: Path) -> None:
     check_output_file(folder / REPORT_JSON, "--out")
 
 
-def run_study(args: argparse.Namespace) -> dict:
+def cli_study(args: argparse.Namespace) -> dict:
     settings = study_settings(args.task, args.quick, args.n, args.seed, args.allow_small_gap)
     if args.out is not None:
         check_out_folder(Path(args.out))

@@ -62,13 +62,13 @@ def add_zoo_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cli_train(args: argparse.Namespace) -> dict:
     """Run the command (core/cli/zoo_run.py)."""
-    from core.cli.zoo_run import run_train  # torch and the pipelines, loaded when the command runs (never for --help)
+    from core.cli import zoo_run  # torch and the pipelines, loaded when the command runs (never for --help)
 
-    return run_train(args)
+    return zoo_run.cli_train(args)
 
 
 def cli_zoo(args: argparse.Namespace) -> dict:
     """Run the command (core/cli/zoo_run.py)."""
-    from core.cli.zoo_run import run_zoo  # torch and the pipelines, loaded when the command runs (never for --help)
+    from core.cli import zoo_run  # torch and the pipelines, loaded when the command runs (never for --help)
 
-    return run_zoo(args)
+    return zoo_run.cli_zoo(args)

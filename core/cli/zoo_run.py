@@ -32,7 +32,7 @@ from core.zoo.train import train_model
 HUB_NAME_PART = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?")  # the hub's rule for ORG and NAME
 
 
-def run_train(args: argparse.Namespace) -> dict:
+def cli_train(args: argparse.Namespace) -> dict:
     """Train one model from flags into zoo_dir()/<name>; returns its zoo record."""
     out_dir = zoo_model_dir(args.name)  # one folder name inside the zoo, never a path
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
@@ -55,7 +55,7 @@ def chosen(value: int | None, default: int) -> int:
     return default if value is None else value
 
 
-def run_zoo(args: argparse.Namespace) -> dict | list:
+def cli_zoo(args: argparse.Namespace) -> dict | list:
     """Train the preset (no-op for trained models) and return one record per model."""
     check_zoo_flags(args)
     preset = args.preset or DEFAULT_PRESET
