@@ -40,7 +40,7 @@ class ProbeSpec(Protocol):
     def check_vocab(self, vocab_size: int) -> None: ...
 
 
-SPEC_CLASSES: dict[str, type] = dict(zip(TASKS, (InductionProbeSpec, RepeatInductionSpec, TextProbeSpec, IoiSpec)))
+SPEC_CLASSES: dict[str, type] = dict(zip(TASKS, (InductionProbeSpec, RepeatInductionSpec, TextProbeSpec, IoiSpec), strict=True))
 TOKENIZER_TASKS = ("ioi",)  # tasks built from the model's own tokenizer (none without one)
 PAIR_TASKS = ("induction", "ioi")  # tasks with a built-in counterfactual (patch, edges, the Patching and graph pages)
 
