@@ -558,6 +558,7 @@ def test_bad_configs_raise_headlab_errors():
 def test_command_line_train_and_zoo(tmp_path, monkeypatch):
     import argparse
 
+    import core.cli.zoo
     from core.cli.zoo import add_train_arguments, add_zoo_arguments, cli_train, cli_zoo
 
     monkeypatch.setenv("HEADLAB_HOME", str(tmp_path))
@@ -571,6 +572,7 @@ def test_command_line_train_and_zoo(tmp_path, monkeypatch):
     assert manifest["config"]["train"]["seed"] == 4 and manifest["config"]["model"]["d_ff"] == 64
 
     monkeypatch.setitem(ZOO_PRESETS, "tiny", [("tiny-b", TINY, replace(TINY_TRAIN, steps=3, eval_every=3))])
+    monkeypatch.setattr(core.cli.zoo, "ZOO_PRESET_NAMES", (*core.cli.zoo.ZOO_PRESET_NAMES, "tiny"))  # --preset's choices
     parser = argparse.ArgumentParser()
     add_zoo_arguments(parser)
     records = cli_zoo(parser.parse_args(["--preset", "tiny", "--no-progress"]))
