@@ -254,7 +254,7 @@ def test_agrees_with_transformer_lens_head_detector_over_repeated_tokens(
 
 def test_screen_cli_writes_json_and_second_probe_is_cached(quick_zoo, tmp_path):
     out = tmp_path / "screen.json"
-    small = ["--n", "64"]  # every checkpoint is probed: a quarter of the default probe keeps the test short
+    small = ["--n", "32"]  # every checkpoint is probed: an eighth of the default probe keeps the test short
     done = subprocess.run([sys.executable, "-m", "core", "screen", MODEL, "--task", "induction", *small, "--json", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
