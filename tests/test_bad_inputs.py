@@ -178,6 +178,7 @@ CLI_CASES = [  # (id, argv with {tmp} for a scratch folder holding a-file, what 
      "--top-k ranks heads by attribution patching"),
     ("bench dtype --pairs 0", ["bench", "dtype", "--models", MODEL, "--pairs", "0"], "--pairs is 0; give a whole number"),
     ("bench ablation --threads 0", ["bench", "ablation", "--threads", "0"], "--threads is 0; give a whole number"),
+    ("bench screen --dtype int8", ["bench", "screen", "--dtype", "int8"], "invalid choice: 'int8'"),
     ("bench scale --n 0", ["bench", "scale", "--n", "0"], "--n, --repeats, --chunk-size and --controls take whole numbers"),
     # issue 42 item 4: bench edges against exact patching of a sample of edges
     ("bench edges --sample-edges 2", ["bench", "edges", "--model", MODEL, "--sample-edges", "2"], "--sample-edges is 2"),
@@ -235,7 +236,8 @@ def test_cli_bad_input_is_one_line_and_status_2_before_any_work(home, tmp_path, 
     status, err = run_cli([a.format(tmp=tmp_path) for a in argv], capsys)
     assert status == 2
     assert message.format(tmp=tmp_path) in err
-    assert err.strip().splitlines()[-1].split(": ", 1)[0] in ("error", f"python -m core {argv[0]}")
+    assert err.strip().splitlines()[-1].split(": ", 1)[0] in ("error", f"python -m core {argv[0]}",
+                                                             f"python -m core {' '.join(argv[:2])}")  # argparse names a bench target
     assert "delete" not in err
     assert cache_entries(home) == []  # refused before any probe ran
     assert sorted(p.name for p in (home / "zoo").iterdir()) == before  # no half-made zoo model

@@ -90,7 +90,7 @@ def _settle(tab) -> None:
 
 
 def bench_screen(model: str = "induction-neox", revision: str | None = None, heads: str = "L1H1,L1H3,L1H6",
-                 clicks: int = 8, n_examples: int = 256, seq_len: int = 64) -> dict:
+                 clicks: int = 8, n_examples: int = 256, seq_len: int = 64, dtype: str = "float32") -> dict:
     """Click-to-screen times [s] of the candidate's preview and of the verdict over `clicks` fresh studies."""
     try:
         from playwright.sync_api import sync_playwright  # optional: only this bench and the browser tests use it
@@ -105,7 +105,8 @@ def bench_screen(model: str = "induction-neox", revision: str | None = None, hea
     ref = ModelRef.parse(model)
     checkpoint = resolve_checkpoint(ref, revision)  # a clear error for an unknown model before the browser starts
     port = free_port()
-    query = f"model={ref.name}&revision={checkpoint.revision}&n={int(n_examples)}&seq_len={int(seq_len)}&heads={heads}"
+    query = (f"model={ref.name}&revision={checkpoint.revision}&n={int(n_examples)}&seq_len={int(seq_len)}&heads={heads}"
+             f"&dtype={dtype}")
     rows: list[dict[str, float]] = []
     with tempfile.NamedTemporaryFile("wb", prefix="headlab-bench-screen-", suffix=".log", delete=False) as log:
         proc = serve_app(port, log)
@@ -142,5 +143,5 @@ def bench_screen(model: str = "induction-neox", revision: str | None = None, hea
         "targets_s": {"candidate": TARGET_CANDIDATE_S, "verdict": TARGET_VERDICT_S},
         "all_within_targets": max(candidate) <= TARGET_CANDIDATE_S and max(verdict) <= TARGET_VERDICT_S,
         "model": ref.name, "revision": checkpoint.revision, "heads": heads, "clicks": int(clicks),
-        "n_examples": int(n_examples), "seq_len": int(seq_len), "cpus": os.cpu_count(),
+        "n_examples": int(n_examples), "seq_len": int(seq_len), "dtype": dtype, "cpus": os.cpu_count(),
     }

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from core.choices import PYTHIA_SIZES, REAL_MODEL_NAMES, SWEEP_MODELS
+from core.choices import DEFAULT_DTYPE, DTYPE_NAMES, PYTHIA_SIZES, REAL_MODEL_NAMES, SWEEP_MODELS
 from core.cli.probe import add_device_arguments
 from core.errors import HeadLabError
 from core.workspace import atomic_write_json, check_output_file
@@ -175,6 +175,8 @@ def add_bench_screen_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clicks", type=int, default=8, help="clicks, each a fresh study (default 8)")
     parser.add_argument("--n-examples", type=int, default=256, help="probe examples N (default 256)")
     parser.add_argument("--seq-len", type=int, default=64, help="sequence length T (default 64)")
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, default=DEFAULT_DTYPE,
+                        help="the precision the app loads the model in (the sidebar's, default float32)")
 
 
 def add_bench_sweep_arguments(parser: argparse.ArgumentParser) -> None:

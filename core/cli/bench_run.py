@@ -227,10 +227,10 @@ def cli_bench_scale(args: argparse.Namespace) -> dict:
 
 
 def cli_bench_screen(args: argparse.Namespace) -> dict:
-    result = bench_screen(args.model, args.revision, args.heads, args.clicks, args.n_examples, args.seq_len)
+    result = bench_screen(args.model, args.revision, args.heads, args.clicks, args.n_examples, args.seq_len, args.dtype)
     median = result["median_s"]
     print(f"screen bench ({result['model']} {result['revision']}, {result['heads']} vs 20 matched + upper bound, "
-          f"N={result['n_examples']}, T={result['seq_len']}, {result['clicks']} clicks): candidate median "
+          f"N={result['n_examples']}, T={result['seq_len']}, {result['dtype']}, {result['clicks']} clicks): candidate median "
           f"{median['candidate']:.2f}s (max {max(result['candidate_s']):.2f}s, target {TARGET_CANDIDATE_S:.0f}s), "
           f"verdict median {median['verdict']:.2f}s (max {max(result['verdict_s']):.2f}s, target "
           f"{TARGET_VERDICT_S:.0f}s); every click within the targets: {result['all_within_targets']}")
