@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 import core.store
 import core.workspace
@@ -880,7 +881,17 @@ def test_known_says_built_only_when_the_weights_are_whole_and_its_advice_is_know
     status = main(["known", "--build", "known-induction-neox"])
     assert status == 0 and "known-induction-neox         handwired built" in capsys.readouterr().out
     weights = next((home / "zoo" / "known-induction-neox" / "checkpoints").glob("*/model.safetensors"))
-    weights.write_bytes(weights.read_bytes()[:100])  # cut short
+    whole = weights.read_bytes()
+    tensors = load_file(str(weights))
+    save_file({k: v * 1.5 if v.is_floating_point() else v for k, v in tensors.items()}, str(weights),
+              metadata={"format": "pt"})  # whole, but not the weights the circuit was measured on
+    assert main(["known"]) == 0
+    out = capsys.readouterr().out
+    assert "known-induction-neox         handwired broken" in out and "clean logit difference of" in out
+    assert "rebuild it with python -m core known --build known-induction-neox" in out
+    weights.write_bytes(whole)
+    assert main(["known"]) == 0 and "known-induction-neox         handwired built" in capsys.readouterr().out
+    weights.write_bytes(whole[:100])  # cut short
     status = main(["known"])
     out = capsys.readouterr().out
     assert status == 0 and "known-induction-neox         handwired broken" in out

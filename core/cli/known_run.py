@@ -1,5 +1,6 @@
 """The work of `python -m core known` (core/cli/known.py holds its arguments): list the known models, built or not
-(built only when the circuit reads and the weights are whole), and build the ones asked for."""
+(built only when the circuit reads, the weights are whole and give the circuit's recorded clean and corrupted logit
+differences again), and build the ones asked for."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from core.model.loading import verify_safetensors_folder
 from core.model.refs import MANIFEST, ModelRef, checkpoint_path, zoo_model_dir
 from core.workspace import zoo_dir
 from core.zoo.known import CIRCUIT_FILE, HANDWIRED, KNOWN_MODELS, known_kind, read_circuit
+from core.zoo.known.handwired import bounds_mismatch
 
 
 def _row(name: str) -> dict:
@@ -20,11 +22,14 @@ def _row(name: str) -> dict:
     row = {"name": name, "kind": known_kind(name), "built": (folder / MANIFEST).is_file() and (folder / CIRCUIT_FILE).exists(),
            "folder": str(folder)}
     if row["built"]:
-        try:  # "built" only when its weights are there and whole, and its circuit reads
+        try:  # "built" only when its weights are there and whole, its circuit reads and the weights give its bounds
             circuit = read_circuit(folder)
             verify_safetensors_folder(checkpoint_path(ModelRef.parse(name)))
+            mismatch = bounds_mismatch(name, circuit)
         except HeadLabError as exc:
-            row.update(built=False, broken=f"{str(exc).split(';')[0]}; rebuild it with python -m core known --build {name}")
+            mismatch = str(exc).split(';')[0]
+        if mismatch:
+            row.update(built=False, broken=f"{mismatch}; rebuild it with python -m core known --build {name}")
             return row
         row.update(heads=[head_name(h) for h in circuit.heads], roles=dict(circuit.roles),
                    edges=list(circuit.edge_texts), distractors=[head_name(h) for h in circuit.distractors],

@@ -427,6 +427,25 @@ def logit_diff_under(model, circuit: KnownCircuit, conditions: list[Ablation]) -
     return diff(clean_a, clean_b), [diff(a, b) for a, b in zip(cond_a, cond_b)], diff(corr_a, corr_b)
 
 
+# circuit.json's clean and corrupted logit differences are rounded to 6 decimals and may come from another thread count:
+# weights that give them again within this share of their size (at least this much absolute) are the weights measured
+BOUND_TOLERANCE = 1e-3
+
+
+def bounds_mismatch(name: str, circuit: KnownCircuit) -> str | None:
+    """None when model `name`'s final weights give circuit.json's recorded clean and corrupted logit differences again
+    (within BOUND_TOLERANCE), else what differs: weights replaced or retrained under the name since the circuit was measured."""
+    recorded = {key: circuit.bounds[key] for key in ("clean", "corrupted") if key in circuit.bounds}
+    if not recorded:
+        return None
+    clean, _, corrupted = logit_diff_under(load_model(ModelRef.parse(name)), circuit, [])
+    for key, value in (("clean", clean), ("corrupted", corrupted)):
+        if key in recorded and abs(value - recorded[key]) > BOUND_TOLERANCE * max(1.0, abs(recorded[key])):
+            return (f"its weights give a {key} logit difference of {value:.4f}, not the {recorded[key]:.4f} its circuit.json "
+                    "records")
+    return None
+
+
 def measure_bounds(model, circuit: KnownCircuit, n_layers: int, n_heads: int) -> dict[str, float]:
     """The numbers circuit.json records: the metric clean, corrupted, with the circuit ablated and with every
     other head ablated (under circuit.ablation), and for a circuit of several heads each head ablated alone."""
