@@ -50,8 +50,10 @@ export HEADLAB_DOWNLOADS
 real-wheel: setup
 	-@$(PY) -m core.zoo.real "$(HEADLAB_DOWNLOADS)"
 
-# The suite runs on TEST_WORKERS pytest-xdist workers (tests/conftest.py says how they share the work).
-TEST_WORKERS ?= 2
+# The suite runs on TEST_WORKERS pytest-xdist workers (tests/conftest.py says how they share the work). Three on
+# two cores: the browser, Ray and subprocess tests wait on servers and process starts (tests/app/test_browser.py alone
+# kept 0.37 of a core busy), and a third worker fills those waits.
+TEST_WORKERS ?= 3
 test: setup browser real-wheel
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 

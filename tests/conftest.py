@@ -3,7 +3,7 @@
 Set HEADLAB_TEST_ZOO to a HEADLAB_HOME that already holds a trained quick zoo to reuse it
 (its zoo folder is copied, never written); otherwise the quick zoo is trained (about 5 minutes).
 
-`make test` runs the suite on pytest-xdist workers (`-n 2 --dist loadfile`): a test module runs
+`make test` runs the suite on pytest-xdist workers (`-n 3 --dist loadfile` on 2 cores): a test module runs
 whole on one worker (its module fixtures are made once), each worker has its own HEADLAB_HOME and its
 share of the cores as torch threads, the modules marked `ray` run one at a time
 (`one_ray_module_at_a_time`), and the workers split the quick zoo's training between them
@@ -29,8 +29,8 @@ os.environ["HEADLAB_HOME"] = str(_SESSION_HOME)
 
 XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if XDIST_WORKERS > 1:
-    # Two workers at torch's default count would oversubscribe the cores, which slows small models
-    # several-fold (docs/performance.md, "Threads on a shared machine"); each worker gets its share of them.
+    # Workers at torch's default count would oversubscribe the cores, which slows small models several-fold
+    # (docs/performance.md, "Threads on a shared machine"); each worker gets its share of them (at least one).
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // XDIST_WORKERS))
 SHARED_ZOO = "quick-zoo"  # beside the workers' own temp folders: trained once, copied into each home
 
