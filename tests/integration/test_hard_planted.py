@@ -17,7 +17,7 @@ from core.tasks.known import known_task
 from core.zoo.known import KNOWN_MODELS, read_circuit
 from core.zoo.known import hard
 from core.zoo.known.hard import (HARD_CONFIGS, HARD_RULE, IoiPairSpec, build_hard, guide_keys, hard_rule, ioi_rows,
-                                 row_resample_hooks, training_rows, twohop_rows)
+                                 induction_rows, row_resample_hooks, training_rows)
 from core.zoo.known.planted import BOS, CONFIRMATION, MARK, output_projection, planted_status
 from core.zoo.train import build_model
 from core.pipelines.benchmark_report import separations, sweep_roc, true_head_ranks
@@ -33,11 +33,11 @@ def test_ioi_rows_hold_s_twice_io_once_and_distinct_fillers():
         assert len(fillers) == len(set(fillers)) == len(row) - 5
 
 
-def test_ioi_pairs_swap_the_second_s_for_io_and_read_back_through_known_task():
+def test_ioi_pairs_swap_the_first_s_for_io_and_read_back_through_known_task():
     pair = known_task(IoiPairSpec(n_examples=8, seed=3).to_json()).build_pair()
     rows = ioi_rows(np.random.RandomState(3), 8, hard.SEQ_LEN)
     diff = (pair.clean.tokens != pair.corrupted_tokens).numpy()
-    assert (diff.sum(axis=1) == 1).all() and (np.argmax(diff, axis=1) == rows["s2"]).all()
+    assert (diff.sum(axis=1) == 1).all() and (np.argmax(diff, axis=1) == rows["s1"]).all()
     assert (pair.clean.target.numpy() == rows["io_name"]).all() and (pair.corrupted_target.numpy() == rows["s_name"]).all()
     with pytest.raises(HeadLabError, match="seq_len"):
         IoiPairSpec(n_examples=2, seq_len=5)
@@ -45,24 +45,25 @@ def test_ioi_pairs_swap_the_second_s_for_io_and_read_back_through_known_task():
 
 def test_guide_keys_point_at_the_planted_positions():
     rows = {"tokens": np.zeros((2, 16), dtype=np.int64), "s1": np.array([2, 3]), "s2": np.array([9, 10]),
-            "io": np.array([5, 1]), "p": np.array([1, 3]), "r": np.array([7, 11])}
+            "io": np.array([5, 1]), "p": np.array([1, 3])}
     dup = guide_keys("ioi", rows, "duplicate-token")
     assert dup.sum() == 2 and dup[0, 9, 2] and dup[1, 10, 3]
     assert guide_keys("ioi", rows, "name-mover")[1, 15, 1] and guide_keys("ioi", rows, "s-inhibition")[0, 15, 9]
-    assert guide_keys("twohop", rows, "hop-one")[1, 15, 4] and guide_keys("twohop", rows, "hop-two")[0, 15, 8]
-    prev = guide_keys("twohop", rows, "previous-token")
+    induction = guide_keys("induction", rows, "induction")
+    assert induction.sum() == 2 and induction[0, 15, 2] and induction[1, 15, 4]
+    prev = guide_keys("induction", rows, "previous-token")
     assert prev.sum() == 2 * 15 and prev[0, 5, 4] and not prev[0, 0].any()
 
 
-def test_twohop_rows_answer_the_token_before_the_other_b():
-    rows = twohop_rows(5, 6)
+def test_induction_rows_answer_the_token_after_the_earlier_a():
+    rows = induction_rows(5, 6)
     for i, row in enumerate(rows["tokens"]):
-        p, r = rows["p"][i], rows["r"][i]
-        assert row[-1] == row[p] and row[p + 1] == row[r + 1] and rows["target"][i] == row[r]
+        p = rows["p"][i]
+        assert row[-1] == row[p] and rows["target"][i] == row[p + 1]
 
 
 def test_training_rows_live_heads_per_task_and_a_randomly_dead_primary():
-    cfg = HARD_CONFIGS["hard-twohop-s0"]
+    cfg = HARD_CONFIGS["hard-induction-s0"]
     tokens, targets, dead, guides = training_rows(cfg, 4)
     again = training_rows(cfg, 4)
     assert torch.equal(tokens, again[0]) and torch.equal(dead, again[2])
@@ -72,15 +73,15 @@ def test_training_rows_live_heads_per_task_and_a_randomly_dead_primary():
     for layer, head in circuit:
         assert dead[1::2, layer, head].all()
         if f"L{layer}H{head}" != cfg.primary:
-            assert not dead[0::2, layer, head].any()
+            assert not dead[0::2, layer, head].any()  # the backup included: live on every circuit row
     (pl, ph), = parse_heads(cfg.primary)
     assert 0 < int(dead[0::2, pl, ph].sum()) < cfg.batch_size // 2  # resampled on some circuit rows, not all
     assert set(guides) == set(cfg.circuit) | set(cfg.neighbours)
-    assert (tokens[0::2, -1] != MARK).all() and (tokens[1::2, -1] == MARK).all()  # twohop rows even, ioi odd
+    assert (tokens[0::2, -1] != MARK).all() and (tokens[1::2, -1] == MARK).all()  # induction rows even, ioi odd
 
 
 def test_row_resample_hook_takes_dead_slices_from_two_rows_before():
-    cfg = replace(HARD_CONFIGS["hard-twohop-s0"], d_model=64, d_ff=64)
+    cfg = replace(HARD_CONFIGS["hard-induction-s0"], d_model=64, d_ff=64)
     model = build_model(cfg.model_config(), 0).eval()
     state = {"dead": torch.zeros((6, 4, 8), dtype=torch.bool)}
     state["dead"][:, 1, 3] = True
@@ -125,7 +126,7 @@ def test_hard_rule_on_hand_made_numbers():
 
 
 def test_short_build_writes_confirmation_and_on_a_pass_circuit_json(tmp_path, monkeypatch):
-    name = "hard-twohop-s0"
+    name = "hard-induction-s0"
     cfg = replace(HARD_CONFIGS[name], steps=4, n_log_checkpoints=2, d_model=64, d_ff=64, pair_examples=8)
     folder = build_hard(name, tmp_path / "a", cfg=cfg)
     record = planted_status(folder)
@@ -140,8 +141,8 @@ def test_short_build_writes_confirmation_and_on_a_pass_circuit_json(tmp_path, mo
                                                              "min_true_effect": 1.0, "top1_drops": {}})
     assert hard.install_hard(cfg, folder)["confirmed"]
     circuit = read_circuit(folder)
-    assert str(circuit.heads) == "L0H2,L1H5,L2H1,L3H4" and str(circuit.distractors) == "L0H6,L1H3,L2H7"
-    assert circuit.roles["L3H4"].startswith("backup") and circuit.task["task"] == "known-twohop"
+    assert str(circuit.heads) == "L0H2,L1H1,L1H5" and str(circuit.distractors) == "L0H6,L1H3,L2H7"
+    assert circuit.roles["L1H1"].startswith("backup") and circuit.task["task"] == "known-induction"
     manifest = json.loads((folder / "manifest.json").read_text())
     assert all((folder / "checkpoints" / c["revision"] / "circuit.json").is_file() for c in manifest["checkpoints"])
     assert {n for n in KNOWN_MODELS if n.startswith("hard-")} == set(HARD_CONFIGS) and len(HARD_CONFIGS) == 6

@@ -10,11 +10,18 @@ attention-pattern guides on the planted heads), extended in three ways (issue 43
   circuit task, so a proposer that finds "busy heads" is tested against heads that matter elsewhere.
 - **A chain over three or more layers.** "ioi": BOS, distinct fillers, names S, IO, S at random places,
   a final marker -> IO (a duplicate-token head marks the second S, an S-inhibition head at the marker
-  reads it, a name mover copies the name that is not S). "twohop": A B ... C B ... A -> C (a previous-token
-  head, a hop-one induction head, a hop-two head that reads the hop-one output), TwoHopSpec's prompts.
-- **A backup head.** On a random half of the circuit rows the primary head (the mover, the hop-two head)
-  is resample-ablated as well, so a second head learns to do its job: the primary ablated alone costs
-  little, the primary and its backup ablated together cost the task (the confirmation checks both).
+  reads it, a name mover copies the name that is not S). "induction": A B ... C D ... A -> B
+  (SwapInductionSpec's prompts: a previous-token head, an induction head that reads it).
+  A two-hop task (A B ... C B ... A -> C) was tried first and dropped: it stayed at chance top-1 in every
+  run (up to 4000 steps), even with every head live and no guides (docs/benchmark/hard-training.json).
+- **A backup head.** On a random half of the circuit rows the primary head (the mover, the induction head)
+  is resample-ablated as well, so the backup, live on every row, learns to do the job alone: the primary
+  ablated alone costs little, the primary and its backup ablated together cost the task (the confirmation
+  checks both). The backup sits in the primary's layer, so neither reads the other and on the rows where
+  both are live both learn the job. Tried and dropped (hard-ioi-s0, docs/benchmark/hard-training.json): a
+  backup one layer later did the whole job and the primary almost nothing (ablating the backup alone cost
+  0.84 top-1, the primary's planted edge scored 0.01); a backup live only where the primary is gone (one
+  layer later or in the same layer) left a circuit that needs both: either ablated alone cost 0.83-0.85 top-1.
 
 The ground truth is written only when `HARD_RULE` holds (checked by exhaustive patching, as in planted.py);
 confirmation.json keeps the numbers either way.
@@ -39,7 +46,7 @@ from core.model.loading import load_model
 from core.model.refs import MANIFEST, ModelRef, read_manifest, zoo_model_dir
 from core.results import JsonResult
 from core.tasks.counterfactual import PatchPair
-from core.tasks.known import KNOWN_TASKS, TwoHopSpec, known_task
+from core.tasks.known import KNOWN_TASKS, SwapInductionSpec, known_task
 from core.workspace import atomic_directory, atomic_write_json
 from core.zoo.config import ModelConfig
 from core.zoo.known.planted import (BOS, CONFIRMATION, MARK, VOCAB_SIZE, _fresh, _lr_at, _PairSpec, _progress,
@@ -49,9 +56,9 @@ from core.zoo.train import _save_checkpoint, build_model, log_checkpoint_steps
 
 NAME_LOW, NAME_HIGH = 4, 24  # ioi names
 FILLER_LOW = 24  # ioi fillers [24, 64), distinct in a row
-TWOHOP_LOW, TWOHOP_HIGH = 24, 48  # the two-hop prompts' tokens
+INDUCTION_LOW, INDUCTION_HIGH = 24, 48  # the induction prompts' tokens
 SEQ_LEN = 16  # short rows: one model trains in minutes at one thread
-HARD_TASKS = ("ioi", "twohop")
+HARD_TASKS = ("ioi", "induction")
 
 
 # ----------------------------------------------------------------------------------- rows and pairs
@@ -80,7 +87,13 @@ def ioi_rows(rng: np.random.RandomState, n: int, seq_len: int = SEQ_LEN) -> dict
 
 @dataclass(frozen=True)
 class IoiPairSpec(_PairSpec):
-    """IOI prompts (ioi_rows) -> IO; corrupted: the second S replaced by IO, so IO is the repeated name, answer S."""
+    """IOI prompts (ioi_rows) -> IO; corrupted: the first S replaced by IO, so IO is the repeated name, answer S.
+
+    Replacing the first S (not the second) moves the duplicate: the second IO sits at max(s1, io), not at s2, so
+    the duplicate-token head's pattern changes with the corruption. With the second S replaced, s2 holds a
+    duplicate in both prompts, and the duplicate-token head of the trained hard-ioi-s0 moved the metric by only
+    0.07 (denoising) against the rule's 0.2.
+    """
 
     task: ClassVar[str] = "hard-ioi"
     seq_len: int = SEQ_LEN
@@ -95,32 +108,36 @@ class IoiPairSpec(_PairSpec):
         rows = ioi_rows(np.random.RandomState(self.seed), self.n_examples, self.seq_len)
         clean = rows["tokens"]
         corrupted = clean.copy()
-        corrupted[np.arange(self.n_examples), rows["s2"]] = rows["io_name"]
+        corrupted[np.arange(self.n_examples), rows["s1"]] = rows["io_name"]
         batch = self._batch(clean, rows["io_name"], rows["io"] - 1)  # induction_pos = io: the name the mover reads
-        spec = {**batch.spec, "corruption": "the second S replaced by IO: IO is now the repeated name, answer S"}
+        spec = {**batch.spec, "corruption": "the first S replaced by IO: IO is now the repeated name, answer S"}
         return PatchPair(batch, torch.from_numpy(corrupted), torch.from_numpy(rows["s_name"].copy()), spec)
 
 
 KNOWN_TASKS["hard-ioi"] = IoiPairSpec
 
 
-def twohop_spec(n: int, seed: int) -> TwoHopSpec:
-    return TwoHopSpec(n_examples=n, seq_len=SEQ_LEN, token_low=TWOHOP_LOW, token_high=TWOHOP_HIGH, seed=seed)
+def induction_spec(n: int, seed: int) -> SwapInductionSpec:
+    return SwapInductionSpec(n_examples=n, seq_len=SEQ_LEN, token_low=INDUCTION_LOW, token_high=INDUCTION_HIGH, seed=seed)
 
 
-def twohop_rows(seed: int, n: int) -> dict[str, np.ndarray]:
-    """n two-hop rows (TwoHopSpec's clean prompts): tokens [n, T], target C [n], p and r (A B at p, C B at r) [n]."""
-    spec = twohop_spec(n, seed)
+def induction_rows(seed: int, n: int) -> dict[str, np.ndarray]:
+    """n induction rows (SwapInductionSpec's clean prompts, A B ... C D ... A -> B): tokens [n, T], target B [n],
+    p (A B at p) [n]."""
+    spec = induction_spec(n, seed)
     pair = spec.build_pair()
-    _, _, starts = spec._draw()  # the same draw build_pair made: [n, 4] pair starts p, r, s, t
-    return {"tokens": pair.clean.tokens.numpy(), "target": pair.clean.target.numpy(), "p": starts[:, 0],
-            "r": starts[:, 1]}
+    _, _, starts = spec._draw()  # the same draw build_pair made: [n, 2] pair starts p, r
+    return {"tokens": pair.clean.tokens.numpy(), "target": pair.clean.target.numpy(), "p": starts[:, 0]}
 
+
+# Output guides: the heads whose pattern copies the answer are also trained to write it on their own (their
+# output at the final position, read through the final norm and the unembedding, scored against the target).
+OUTPUT_GUIDED = ("name-mover", "induction")
 
 # Attention-pattern guides: pattern -> the key each row's guided query attends to. Query positions: the
 # final marker/query (q) unless said; "previous-token": every position t >= 1 -> t - 1.
 PATTERNS = {"ioi": ("duplicate-token", "s-inhibition", "name-mover"),
-            "twohop": ("previous-token", "hop-one", "hop-two")}
+            "induction": ("previous-token", "induction")}
 
 
 def guide_keys(task: str, rows: dict[str, np.ndarray], pattern: str, seq_len: int = SEQ_LEN) -> torch.Tensor:
@@ -133,9 +150,9 @@ def guide_keys(task: str, rows: dict[str, np.ndarray], pattern: str, seq_len: in
         keys[:, pos, pos - 1] = True
         return keys
     query, key = {"duplicate-token": ("s2", "s1"), "s-inhibition": (None, "s2"), "name-mover": (None, "io"),
-                  "hop-one": (None, "p"), "hop-two": (None, "r")}[pattern]
+                  "induction": (None, "p")}[pattern]
     queries = torch.full((n,), q) if query is None else torch.from_numpy(rows[query])
-    offset = 1 if pattern in ("hop-one", "hop-two") else 0  # B after A at p + 1, B after C at r + 1
+    offset = 1 if pattern == "induction" else 0  # the induction head reads B, after A at p
     keys[index, queries, torch.from_numpy(rows[key]) + offset] = True
     return keys
 
@@ -147,8 +164,8 @@ def hard_batch(task: str, step: int, n: int, seed: int, salt: int) -> dict[str, 
         rows = ioi_rows(np.random.RandomState(stream), n)
         rows["target"] = rows["io_name"]
         return rows
-    if task == "twohop":
-        return twohop_rows(stream, n)
+    if task == "induction":
+        return induction_rows(stream, n)
     raise HeadLabError(f"unknown hard task {task!r}; use one of {', '.join(HARD_TASKS)}.")
 
 
@@ -156,7 +173,7 @@ def task_record(task: str, n_examples: int = 128, seed: int = 0) -> dict:
     """The circuit.json task record of a hard task (known_task rebuilds its pairs from it)."""
     if task == "ioi":
         return IoiPairSpec(n_examples=n_examples, seed=seed).to_json()
-    return twohop_spec(n_examples, seed).to_json()
+    return induction_spec(n_examples, seed).to_json()
 
 
 # ----------------------------------------------------------------------------------- the recipes
@@ -183,7 +200,7 @@ class HardConfig(JsonResult):
     d_model: int = 96  # d_head 12: one model trains in minutes at one thread
     d_ff: int = 192
     rotary_pct: float = 0.34  # 4 of each head's 12 dims rotate; the rest match tokens at any distance
-    steps: int = 1000
+    steps: int = 6000  # the IOI chain forms late: chance at 1000 steps, train top-1 0.25-0.94 at 4000 (two runs)
     batch_size: int = 32  # half circuit rows, half neighbour rows, alternating
     lr: float = 3e-3
     warmup_steps: int = 30
@@ -191,13 +208,14 @@ class HardConfig(JsonResult):
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     pattern_weight: float = 1.0  # strong guides: at 0.1 neither chain formed in 1000 steps (0.06 top-1)
+    output_weight: float = 1.0  # output guides on the copying heads (OUTPUT_GUIDED): without them no model learned
     n_log_checkpoints: int = 12
     pair_examples: int = 128
     pair_seed: int = 0
 
     def __post_init__(self) -> None:
         if self.task not in HARD_TASKS or self.neighbour_task not in HARD_TASKS or self.task == self.neighbour_task:
-            raise HeadLabError(f"a hard model's task and neighbour task are the two of {', '.join(HARD_TASKS)}.")
+            raise HeadLabError(f"a hard model's task and neighbour task are two different ones of {', '.join(HARD_TASKS)}.")
         heads = parse_heads(",".join([*self.circuit, *self.neighbours]), self.n_layers, self.n_heads)
         if len(heads) != len(self.circuit) + len(self.neighbours):
             raise HeadLabError("a circuit head cannot also be a neighbour; pick another head.")
@@ -224,22 +242,21 @@ class HardConfig(JsonResult):
 
 
 _IOI_HEADS = dict(circuit={"L1H3": "duplicate-token", "L2H5": "s-inhibition", "L4H2": "name-mover",
-                           "L5H6": "name-mover"},
+                           "L4H6": "name-mover"},
                   roles={"L1H3": "duplicate-token (at S2, to S1)", "L2H5": "S-inhibition (at the marker, to S2)",
                          "L4H2": "name mover (primary: copies IO)",
-                         "L5H6": "backup name mover (takes over when L4H2 is ablated)"},
-                  edges=("L1H3->L2H5.k", "L2H5->L4H2.q", "L2H5->L5H6.q"), primary="L4H2", backup="L5H6")
-_TWOHOP_HEADS = dict(circuit={"L0H2": "previous-token", "L1H5": "hop-one", "L2H1": "hop-two", "L3H4": "hop-two"},
-                     roles={"L0H2": "previous-token", "L1H5": "hop-one induction (A -> B)",
-                            "L2H1": "hop-two (primary: B -> the token before the other B)",
-                            "L3H4": "backup hop-two (takes over when L2H1 is ablated)"},
-                     edges=("L0H2->L1H5.k", "L1H5->L2H1.q", "L1H5->L3H4.q"), primary="L2H1", backup="L3H4")
+                         "L4H6": "backup name mover (takes over when L4H2 is ablated)"},
+                  edges=("L1H3->L2H5.k", "L2H5->L4H2.q", "L2H5->L4H6.q"), primary="L4H2", backup="L4H6")
+_INDUCTION_HEADS = dict(circuit={"L0H2": "previous-token", "L1H5": "induction", "L1H1": "induction"},
+                        roles={"L0H2": "previous-token (at B, to A)", "L1H5": "induction (primary: at the final A, to B)",
+                               "L1H1": "backup induction (takes over when L1H5 is ablated)"},
+                        edges=("L0H2->L1H5.k", "L0H2->L1H1.k"), primary="L1H5", backup="L1H1")
 HARD_RECIPES = {
-    # 6 x 8 = 48 heads: the IOI chain over layers 1, 2, 4, 5; neighbours do two-hop in layers 0, 2, 3
-    "hard-ioi": dict(task="ioi", neighbour_task="twohop", n_layers=6, **_IOI_HEADS,
-                     neighbours={"L0H6": "previous-token", "L2H1": "hop-one", "L3H0": "hop-two"}),
-    # 4 x 8 = 32 heads: the two-hop chain over layers 0-3; neighbours do IOI in layers 0, 1, 2
-    "hard-twohop": dict(task="twohop", neighbour_task="ioi", n_layers=4, **_TWOHOP_HEADS,
+    # 6 x 8 = 48 heads: the IOI chain over layers 1, 2, 4; neighbours do induction in layers 0, 2, 3
+    "hard-ioi": dict(task="ioi", neighbour_task="induction", n_layers=6, **_IOI_HEADS,
+                     neighbours={"L0H6": "previous-token", "L2H1": "induction", "L3H0": "induction"}),
+    # 4 x 8 = 32 heads: induction over layers 0-1 with a backup; neighbours do IOI in layers 0, 1, 2
+    "hard-induction": dict(task="induction", neighbour_task="ioi", n_layers=4, **_INDUCTION_HEADS,
                         neighbours={"L0H6": "duplicate-token", "L1H3": "s-inhibition", "L2H7": "name-mover"}),
 }
 SEEDS = (0, 1, 2)
@@ -286,10 +303,31 @@ def row_resample_hooks(model: Any, cfg: HardConfig, state: dict) -> list:
         def hook(module, args, layer=layer):
             x = args[0]  # [batch, pos, n_heads * d_head]
             columns = state["dead"][:, layer].repeat_interleave(d_head, dim=1)  # [batch, n_heads * d_head]
-            return (torch.where(columns[:, None, :], x.roll(2, dims=0), x),) + tuple(args[1:])
+            state.setdefault("z", {})[layer] = x = torch.where(columns[:, None, :], x.roll(2, dims=0), x)
+            return (x,) + tuple(args[1:])
 
         handles.append(output_projection(model, "gpt_neox", layer).register_forward_pre_hook(hook))
     return handles
+
+
+def output_guide_loss(model: Any, cfg: HardConfig, state: dict, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of each output-guided head's own logits at the final position (its slice of the output
+    projection, the final norm, the unembedding) against the row's target, over the rows where the head is live."""
+    d_head = cfg.d_model // cfg.n_heads
+    loss, count = torch.zeros(()), 0
+    for parity, heads in ((0, cfg.circuit), (1, cfg.neighbours)):
+        for name, pattern in heads.items():
+            if pattern not in OUTPUT_GUIDED:
+                continue
+            (layer, head), = parse_heads(name)
+            live = ~state["dead"][parity::2, layer, head]  # [rows of this task]
+            z = state["z"][layer][parity::2, -1, head * d_head:(head + 1) * d_head]  # [rows, d_head]
+            weight = output_projection(model, "gpt_neox", layer).weight[:, head * d_head:(head + 1) * d_head]
+            logits = model.get_output_embeddings()(model.gpt_neox.final_layer_norm(z @ weight.T))  # [rows, vocab]
+            if live.any():
+                loss = loss + torch.nn.functional.cross_entropy(logits[live], targets[parity::2][live])
+                count += 1
+    return loss / max(count, 1)
 
 
 def train_hard(cfg: HardConfig, out_dir: Path, stop_after_steps: int | None = None,
@@ -319,6 +357,7 @@ def train_hard(cfg: HardConfig, out_dir: Path, stop_after_steps: int | None = No
                 valid = keys.any(dim=2)  # [batch, query]
                 picked = (out.attentions[layer][:, head] * keys).sum(dim=2)  # [batch, query]
                 pattern_loss = pattern_loss - (torch.log(picked + 1e-6) * valid).sum() / valid.sum().clamp_min(1)
+            output_loss = output_guide_loss(model, cfg, state, targets) if cfg.output_weight else torch.zeros(())
             correct = (logits.argmax(-1) == targets).float()
             if step in planned:
                 _save_checkpoint(model, model_cfg, out_dir, step)
@@ -334,7 +373,7 @@ def train_hard(cfg: HardConfig, out_dir: Path, stop_after_steps: int | None = No
             for group in optimizer.param_groups:
                 group["lr"] = _lr_at(step, cfg)
             optimizer.zero_grad(set_to_none=True)
-            (task_loss + cfg.pattern_weight * pattern_loss).backward()
+            (task_loss + cfg.pattern_weight * pattern_loss + cfg.output_weight * output_loss).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()
             if progress is not None:
