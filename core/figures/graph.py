@@ -268,21 +268,29 @@ def faithfulness_figure(report_or_curve: Any) -> FigureBundle:
     if curve is None or not hasattr(curve, "faithfulness"):
         raise HeadLabError("this edge run has no faithfulness curve; run it with the curve on.")
     x, f = list(curve.fractions), list(curve.faithfulness)
-    fig = go.Figure(go.Scatter(x=x, y=f, mode="lines+markers", name=curve.method or "top edges",
+    signed = list(getattr(curve, "faithfulness_signed", ()) or ())
+    fig = go.Figure(go.Scatter(x=x, y=f, mode="lines+markers", name="top by |score| (CMD)",
                                customdata=list(curve.n_edges_kept), marker=dict(color=CANDIDATE_COLOR, size=8),
                                line=dict(color=CANDIDATE_COLOR),
                                hovertemplate="%{customdata} edges (%{x:.3g}): faithfulness %{y:.3f}<extra></extra>"))
+    if signed:
+        fig.add_trace(go.Scatter(x=x, y=signed, mode="lines+markers", name="top by signed score (CPR)",
+                                 customdata=list(curve.n_edges_kept), marker=dict(color=CONTROL_COLOR, size=7),
+                                 line=dict(color=CONTROL_COLOR, dash="dash"),
+                                 hovertemplate="%{customdata} edges (%{x:.3g}): faithfulness %{y:.3f}<extra></extra>"))
     for level, label in ((1.0, "full model"), (0.0, "every edge patched")):
         fig.add_hline(y=level, line_color="#999", line_width=1, line_dash="dot", annotation_text=label)
-    fig.update_xaxes(title_text="fraction of edges kept (top by |score|)", type="log")
+    fig.update_xaxes(title_text="fraction of edges kept", type="log")
     fig.update_yaxes(title_text="faithfulness (full model 1, empty 0)")
     fig.update_layout(template=SCREEN, height=380,
                       title=f"faithfulness ({curve.method}, {curve.metric}): CPR {curve.cpr:.3f} (↑), "
                             f"CMD {curve.cmd:.3f} (↓)")
-    rows = tuple({"fraction": float(a), "n_edges": int(k), "faithfulness": float(v)}
-                 for a, k, v in zip(curve.fractions, curve.n_edges_kept, curve.faithfulness))
-    caption = (f"faithfulness of the circuit of the top-k edges, the other edges patched [MIB]; CPR = area under the "
-               f"curve over the fraction axis, CMD = area of |1 - f|; {curve.n_edges} edges in all.")
+    rows = tuple({"fraction": float(a), "n_edges": int(k), "faithfulness": float(v),
+                  "faithfulness_signed": float(w) if signed else None}
+                 for a, k, v, w in zip(curve.fractions, curve.n_edges_kept, curve.faithfulness, signed or curve.faithfulness))
+    caption = (f"faithfulness of the circuit of the top-k edges, the other edges patched [MIB]; as MIB's evaluation "
+               f"code: CPR = area under the curve of the top edges by signed score, CMD = area of |1 - f| for the top "
+               f"edges by |score|, over the linear fraction axis; {curve.n_edges} edges in all.")
     return FigureBundle(f"faithfulness-{curve.method or 'edges'}", fig, rows,
                         provenance(figure="faithfulness_curve", curve=curve.provenance), caption)
 

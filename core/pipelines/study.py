@@ -39,6 +39,9 @@ from core.tasks.tokens import tokenizer_of_folder
 
 ROLES_STAGE = "roles-mlp0"  # the roles stage's cache name: its copy score goes through MLP0 (study_roles.py)
 STUDY_VERSION = "1"
+# the stages with a faithfulness curve are cached under this suffix: CPR from the top edges by signed score, CMD by
+# |score| (MIB's evaluation code); records cached before it ranked both by |score|
+CURVE_RULE = "-mib-signed-cpr"
 MAX_EXAMPLES = 2048  # pairs or probe sequences: more would take hours per stage on a CPU
 # progress(stage, done, total)
 StageProgress = Callable[[str, int, int], None]
@@ -280,7 +283,8 @@ def edge_record(report: Any, top: int) -> dict:
     if report.curve is not None:
         c = report.curve
         out["curve"] = {"fractions": list(c.fractions), "n_edges_kept": list(c.n_edges_kept),
-                        "faithfulness": list(c.faithfulness), "cpr": c.cpr, "cmd": c.cmd}
+                        "faithfulness": list(c.faithfulness), "faithfulness_signed": list(c.faithfulness_signed),
+                        "cpr": c.cpr, "cmd": c.cmd}
     if report.controls is not None:
         e = report.controls
         out["controls"] = {"faithfulness": e.faithfulness, "control_faithfulness": list(e.control_faithfulness),
@@ -335,16 +339,18 @@ def ioi_section(ref: ModelRef, checkpoint: Checkpoint, settings: StudySettings, 
     for method, controls in (("eap", 0), ("eap-ig", s.n_controls)):
         plan = EdgePlan(method=method, ig_steps=s.ig_steps, top=s.top_edges, curve=True, n_controls=controls)
         run(f"edges-{method}", f"edges_{method}",
-            lambda plan=plan: edge_record(run_edges(model(), pair(), edge_settings, plan, progress), s.top_edges))
+            lambda plan=plan: edge_record(run_edges(model(), pair(), edge_settings, plan, progress), s.top_edges),
+            f"edges-{method}{CURVE_RULE}")
 
     def random_curve() -> dict:
         graph = check_edge_model(model())
         scores = np.random.default_rng(s.seed).standard_normal(graph.n_edges)
         c = faithfulness_curve(model(), pair(), scores, edge_settings, method="random", progress=stage("random curve"))
         return {"fractions": list(c.fractions), "n_edges_kept": list(c.n_edges_kept),
-                "faithfulness": list(c.faithfulness), "cpr": c.cpr, "cmd": c.cmd, "seed": s.seed}
+                "faithfulness": list(c.faithfulness), "faithfulness_signed": list(c.faithfulness_signed),
+                "cpr": c.cpr, "cmd": c.cmd, "seed": s.seed}
 
-    run("random-edges", "random_edges", random_curve)
+    run("random-edges", "random_edges", random_curve, f"random-edges{CURVE_RULE}")
     run("stability", "stability", lambda: edge_stability(model(), pair(), s, edge_settings, stage("stability")))
     circuit_stages(out, ref, s, spec, model, pair, dtype, stage, run)
     out["mib_context"] = MIB_CONTEXT

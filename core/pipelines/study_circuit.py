@@ -47,11 +47,12 @@ MIB_CONTEXT = {
     "eap_ig_inputs_cpr": {"gpt2-small": 1.85, "qwen2.5-0.5b": 1.63},
     "random_cpr": {"gpt2-small": 0.25, "qwen2.5-0.5b": 0.28},
     "random_cmd_secondhand": {"gpt2-small": 0.75, "qwen2.5-0.5b": 0.72},
-    "status": "not verified against MIB's own paper or repository: the circuit-track repository (hannamw/MIB-circuit-"
-              "track, commit b759df3) holds the evaluation code but no results table, and the paper's table (Mueller "
-              "et al. 2025, arXiv 2504.13151) could not be read with the tools at hand; a third-party transcription "
-              "of that CPR table agrees on EAP-IG-inputs 1.85 / 1.63 and gives random CPR 0.25 / 0.28 (it has no CMD "
-              "column, so the random CMD 0.75 / 0.72 of METHODS.md stays secondhand)",
+    "status": "MIB's evaluation code (hannamw/MIB-circuit-track at b759df3: MIB_circuit_track/evaluation.py and "
+              "print_results.py) confirms the edge fractions (0.1% to 100%), the trapezoid areas on the linear fraction "
+              "axis and the rankings (CPR from the top edges by signed score, CMD by |score|), which HeadLab follows; "
+              "the figures themselves were not read from the paper's table (Mueller et al. 2025, arXiv 2504.13151: "
+              "the tools here return only its opening): a third-party transcription of that table agrees on "
+              "EAP-IG-inputs CPR 1.85 / 1.63 and random CPR 0.25 / 0.28 and CMD 0.75 / 0.72, so they stay secondhand",
 }
 
 

@@ -119,6 +119,12 @@ def test_eap_ig_finds_the_saturated_key_edge_that_eap_misses_and_the_curve_and_c
     curve = faithfulness_curve(model, pair, ig.scores, fractions=(0.01, 0.03, 0.1, 1.0))
     assert curve.n_edges_kept == (1, 3, 10, 102)
     assert curve.faithfulness[1] == pytest.approx(1.0, abs=0.02) and curve.faithfulness[-1] == pytest.approx(1.0)
+    # MIB's rule: CMD from the top edges by |score|, CPR from the top edges by signed score. Negated scores keep the
+    # same |score| curve (and CMD) but put the edges that help last, so CPR falls.
+    flipped = faithfulness_curve(model, pair, -ig.scores, fractions=(0.01, 0.03, 0.1, 1.0))
+    assert flipped.faithfulness == pytest.approx(curve.faithfulness) and flipped.cmd == pytest.approx(curve.cmd)
+    assert curve.faithfulness_signed[1] == pytest.approx(1.0, abs=0.02) and flipped.faithfulness_signed[1] < 0.1
+    assert flipped.cpr < curve.cpr - 0.3
     graph = EdgeGraph.from_summary(eap.graph)
     controls = edge_controls(model, pair, graph.edge_mask(top), n_controls=19)
     assert controls.faithfulness == pytest.approx(1.0, abs=0.02)

@@ -108,6 +108,7 @@ def test_top_edges_by_magnitude_ties_in_edge_order():
     scores = np.array([0.1, -0.5, 0.5, 0.0, 0.2])
     assert top_edges(scores, 2).tolist() == [False, True, True, False, False]
     assert top_edges(scores, 3).tolist() == [False, True, True, False, True]
+    assert top_edges(scores, 2, signed=True).tolist() == [False, False, True, False, True]  # CPR's ranking (MIB)
 
 
 def test_curve_areas_by_hand():

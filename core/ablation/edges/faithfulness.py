@@ -5,10 +5,13 @@ carries the corrupted run's, or the mean, sender output). Its faithfulness [MIB,
 2025] is
     f(C) = (M(C) - M(empty)) / (M(full) - M(empty)),
 where the full graph is the clean run and the empty circuit is the run with every edge patched (the
-corrupted run): HeadLab's patching scale, 1 = the whole model's answer, 0 = none of it. The curve
-takes C = the top-k edges by |score| for k = each fraction of the edges in MIB_FRACTIONS; its area
-(trapezoids over the fraction axis from its first to its last point) is CPR (higher is better) and
-the area of |1 - f| is CMD (lower is better).
+corrupted run): HeadLab's patching scale, 1 = the whole model's answer, 0 = none of it. As MIB's
+evaluation code computes them (hannamw/MIB-circuit-track: evaluation.py and print_results.py, which read
+CPR from its `abs-False` run and CMD from its `abs-True` run), the curve takes C = the top-k edges for k =
+each fraction of the edges in MIB_FRACTIONS, ranked two ways: by signed score (the edges that help the
+answer most; its area is CPR, higher is better) and by |score| (the edges that matter most either way;
+the area of |1 - f| is CMD, lower is better). Areas are trapezoids over the linear fraction axis from
+its first to its last point. A kept set both rankings share is run once.
 
 HeadLab's addition: an edge set against random edge sets with the same number of edges in every
 (sender layer, receiver layer, input) stratum (EdgeGraph.strata), each run the same way; the set's
@@ -35,11 +38,11 @@ MIB_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 Progress = Callable[[int, int], None]
 
 
-def top_edges(scores: np.ndarray, k: int) -> np.ndarray:
-    """[edge] bool: the k edges of largest |score| (ties broken by edge order)."""
+def top_edges(scores: np.ndarray, k: int, signed: bool = False) -> np.ndarray:
+    """[edge] bool: the k edges of largest |score|, or of largest score when `signed` (ties broken by edge order)."""
     scores = np.asarray(scores, dtype=np.float64)
     keep = np.zeros(scores.size, dtype=bool)
-    keep[np.argsort(-np.abs(scores), kind="stable")[: int(k)]] = True
+    keep[np.argsort(-(scores if signed else np.abs(scores)), kind="stable")[: int(k)]] = True
     return keep
 
 
@@ -59,7 +62,8 @@ def curve_areas(fractions: Sequence[float], faithfulness: Sequence[float]) -> tu
 
 @dataclass(frozen=True, eq=False)
 class FaithfulnessCurve(JsonResult):
-    """The top-k circuits of one edge scoring: fractions [k], edges kept [k], faithfulness [k], CPR, CMD."""
+    """The top-k circuits of one edge scoring: fractions [k], edges kept [k], faithfulness [k] of the top-k by
+    |score| (CMD's curve) and by signed score (CPR's curve), CPR, CMD."""
 
     method: str
     metric: str
@@ -72,12 +76,14 @@ class FaithfulnessCurve(JsonResult):
     corrupted_value: float
     n_edges: int
     provenance: dict
+    faithfulness_signed: tuple[float, ...] = ()
 
 
 def faithfulness_curve(model: Any, pair: PatchPair, scores: np.ndarray, settings: EdgeSettings = EdgeSettings(),
                        fractions: Sequence[float] = MIB_FRACTIONS, method: str = "",
                        progress: Progress | None = None) -> FaithfulnessCurve:
-    """Faithfulness of the top-k edges by |scores| ([edge]) for k = each fraction of the graph's edges."""
+    """Faithfulness of the top-k edges by |scores| and by signed scores ([edge]) for k = each fraction of the
+    graph's edges; CPR from the signed curve, CMD from the |score| curve (MIB's rule)."""
     graph = check_edge_model(model)
     scores = np.asarray(scores, dtype=np.float64)
     if scores.shape != (graph.n_edges,):
@@ -88,18 +94,27 @@ def faithfulness_curve(model: Any, pair: PatchPair, scores: np.ndarray, settings
         raise HeadLabError(f"edge fractions must lie in (0, 1]; got {fractions}.")
     chunks, _ = edge_chunks(model, pair, settings, graph)
     values = run_values(model, graph, chunks, settings.metric)
-    kept, faithful = [], []
+    measured: dict[bytes, float] = {}  # a kept set's faithfulness: run once when both rankings keep it
+
+    def faithfulness_of(keep: np.ndarray) -> float:
+        key = np.packbits(keep).tobytes()
+        if key not in measured:
+            measured[key] = float(values.score(mean_value(model, graph, chunks, ~keep, settings.metric)))
+        return measured[key]
+
+    kept, faithful, faithful_signed = [], [], []
     for i, fraction in enumerate(fractions):
         k = edges_for_fraction(graph.n_edges, fraction)
-        removed = ~top_edges(scores, k)
         kept.append(k)
-        faithful.append(float(values.score(mean_value(model, graph, chunks, removed, settings.metric))))
+        faithful.append(faithfulness_of(top_edges(scores, k)))
+        faithful_signed.append(faithfulness_of(top_edges(scores, k, signed=True)))
         if progress is not None:
             progress(i + 1, len(fractions))
-    cpr, cmd = curve_areas(fractions, faithful)
+    cpr, cmd = curve_areas(fractions, faithful_signed)[0], curve_areas(fractions, faithful)[1]
     return FaithfulnessCurve(method, settings.metric, fractions, tuple(kept), tuple(faithful), cpr, cmd, values.clean,
                              values.corrupted, graph.n_edges,
-                             edge_provenance(model, pair, graph, settings, "faithfulness curve", fractions=list(fractions)))
+                             edge_provenance(model, pair, graph, settings, "faithfulness curve", fractions=list(fractions)),
+                             tuple(faithful_signed))
 
 
 def matched_random_edge_sets(graph: EdgeGraph, keep: np.ndarray, n_draws: int, seed: int = 123) -> list[np.ndarray]:
