@@ -59,8 +59,12 @@ def test_eap_draws_cores_scores_and_the_slider_picks_what_is_drawn(known_model):
     top = [(edge, value) for edge, value in expected.top(20) if abs(value) > floor]
     assert 0 < len(top) < 20
     assert any(f"{len(top)} of the top 20 edges score above 1e-06 of the largest" in i.value for i in at.info)
-    assert list(table["edge"]) == [edge for edge, _ in top]
-    np.testing.assert_allclose(table["score"], [value for _, value in top], atol=1e-5)
+    # the same edges and scores, largest |score| first; edges whose scores tie to rounding may come in either order
+    # (the app's chunks and threads are not the test's)
+    assert sorted(table["edge"]) == sorted(edge for edge, _ in top)
+    scores = dict(top)
+    np.testing.assert_allclose(table["score"], [scores[edge] for edge in table["edge"]], atol=1e-5)
+    assert np.all(np.diff(np.abs(np.asarray(table["score"], dtype=float))) <= 1e-5)
     assert drawn(at) == len(top)
     at.slider(key="graph_threshold").set_value(0.0).run()
     assert drawn(at) == len(expected.edges) == len(at.dataframe[0].value)
