@@ -6,7 +6,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from core.figures.bundle import FigureBundle
-from core.figures.theme import SCREEN
+from core.figures.theme import LAYER_COLORS, SCREEN
 
 SMALL = (480, 360)  # paper size of the committed PNGs: small files
 
@@ -29,13 +29,20 @@ def head_map(values: list, title: str, colour_label: str, name: str, caption: st
 
 
 def curves_figure(curves: dict, title: str, name: str, caption: str, provenance: dict) -> FigureBundle:
-    """Faithfulness against the fraction of edges kept, one line per method (log x, MIB's fractions)."""
+    """Faithfulness against the fraction of edges kept, per method: the top edges by |score| (CMD's curve, solid)
+    and by signed score (CPR's curve, dashed, when the record has it) (log x, MIB's fractions)."""
     fig = go.Figure()
     rows = []
-    for method, c in curves.items():
+    for i, (method, c) in enumerate(curves.items()):
+        color = LAYER_COLORS[i % len(LAYER_COLORS)]
         fig.add_trace(go.Scatter(x=c["fractions"], y=c["faithfulness"], mode="lines+markers", showlegend=True,
-                                 name=f"{method} (CPR {c['cpr']:.2f}, CMD {c['cmd']:.2f})"))
-        rows += [{"method": method, "fraction": f, "faithfulness": v} for f, v in zip(c["fractions"], c["faithfulness"])]
+                                 line=dict(color=color), name=f"{method} by |score| (CMD {c['cmd']:.2f})"))
+        signed = c.get("faithfulness_signed") or []
+        if signed:
+            fig.add_trace(go.Scatter(x=c["fractions"], y=signed, mode="lines+markers", showlegend=True,
+                                     line=dict(color=color, dash="dash"), name=f"{method} by signed score (CPR {c['cpr']:.2f})"))
+        rows += [{"method": method, "fraction": f, "faithfulness": v, "faithfulness_signed": signed[j] if signed else None}
+                 for j, (f, v) in enumerate(zip(c["fractions"], c["faithfulness"]))]
     for level in (0.0, 1.0):
         fig.add_hline(y=level, line_color="#999", line_width=1, line_dash="dot")
     fig.update_xaxes(title_text="fraction of edges kept", type="log")
