@@ -435,3 +435,32 @@ class ProgressBar(tqdm):
             self._log_line()  # the final count, once
         self.disable = True
         self._decr_instances(self)
+
+
+class StageBars:
+    """`progress(stage, done, total)` for a run made of named stages (patching, edges, a study): one ProgressBar per
+    stage, the previous one closed when the next starts. A context manager: leaving it closes the last bar."""
+
+    def __init__(self, describe: Callable[[str], str], **bar_options: Any) -> None:
+        self.describe, self.bar_options = describe, bar_options
+        self.stage: str | None = None
+        self.bar: ProgressBar | None = None
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if self.bar is None or self.stage != stage:
+            self.close()
+            self.stage, self.bar = stage, ProgressBar(total=total, desc=self.describe(stage), **self.bar_options)
+        self.bar.total = total  # a stage may learn its size as it goes
+        self.bar.n = done
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def __enter__(self) -> "StageBars":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

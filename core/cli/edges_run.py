@@ -12,7 +12,7 @@ from core.ablation.edges import EdgeSettings, edge_graph_of_config
 from core.cli.patch_run import gap_line
 from core.cli.probe_run import built_in_pairs
 from core.errors import HeadLabError
-from core.executor import ProgressBar
+from core.executor import StageBars
 from core.model.loading import load_config
 from core.model.refs import ModelRef, resolve_checkpoint
 from core.pipelines.edges import EdgePlan, EdgeReport, edges_model
@@ -55,24 +55,11 @@ def cli_edges(args: argparse.Namespace) -> dict:
         pairs = read_probe_file(args.probe_file, padding=args.padding or "right")
     else:
         pairs = built_in_pairs(args)
-    bar = {"stage": None, "tqdm": None}
-
-    def progress(stage: str, done: int, total: int) -> None:
-        if bar["stage"] != stage:
-            if bar["tqdm"] is not None:
-                bar["tqdm"].close()
-            bar["stage"], bar["tqdm"] = stage, ProgressBar(total=total, desc=f"edges: {stage}")
-        bar["tqdm"].n = done
-        bar["tqdm"].refresh()
-
     ref = ModelRef.parse(args.model)
     graph = edge_graph_of_config(load_config(ref, resolve_checkpoint(ref, args.revision).revision))
     print(plan.cost_line(graph.n_edges), flush=True)  # before the model loads: what --ig-steps and --controls cost
-    try:
+    with StageBars(lambda stage: f"edges: {stage}") as progress:
         report = edges_model(ref, args.revision, pairs, settings, plan, args.device, args.dtype, progress)
-    finally:
-        if bar["tqdm"] is not None:
-            bar["tqdm"].close()
     for line in report_lines(report, args.top):
         print(line)
     return report.to_json()

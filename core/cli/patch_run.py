@@ -10,7 +10,7 @@ import argparse
 
 import numpy as np
 
-from core.executor import ProgressBar
+from core.executor import StageBars
 from core.ablation.patching import GRADIENT_METRICS, PatchSettings
 from core.cli.probe_run import built_in_pairs
 from core.errors import HeadLabError
@@ -63,21 +63,8 @@ def cli_patch(args: argparse.Namespace) -> dict:
         pairs = read_probe_file(args.probe_file, padding=args.padding)
     else:
         pairs = built_in_pairs(args)
-    bar = {"stage": None, "tqdm": None}  # one bar per stage, the previous one closed when the next starts
-
-    def progress(stage: str, done: int, total: int) -> None:
-        if bar["stage"] != stage:
-            if bar["tqdm"] is not None:
-                bar["tqdm"].close()
-            bar["stage"], bar["tqdm"] = stage, ProgressBar(total=total, unit="example", desc=f"{stage} patching")
-        bar["tqdm"].n = done
-        bar["tqdm"].refresh()
-
-    try:
+    with StageBars(lambda stage: f"{stage} patching", unit="example") as progress:
         report = patch_model(ref, args.revision, pairs, settings, plan, args.device, args.dtype, progress)
-    finally:
-        if bar["tqdm"] is not None:
-            bar["tqdm"].close()
     for line in report_lines(report):
         print(line)
     return report.to_json()

@@ -1,9 +1,7 @@
 """`python -m core study MODEL --task induction|ioi [--quick] [--out DIR]`: a real model's circuit report.
 
-Runs core/pipelines/study.py (every stage cached, so a rerun resumes), prints the headline figures, and writes
-report.json, report.md (generated from that JSON alone, as docs/benchmark's report is) and the figures.
-
-The work only: the arguments are in core/cli/study.py, which imports this module when the command runs.
+The work only: the arguments, and what the command does, are in core/cli/study.py, which imports this module
+when the command runs.
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from core.errors import HeadLabError
-from core.executor import ProgressBar
+from core.executor import StageBars
 from core.figures.bundle import export_bundle
 from core.figures.study import study_figures
 from core.model.refs import ModelRef
@@ -40,23 +38,9 @@ def cli_study(args: argparse.Namespace) -> dict:
     settings = study_settings(args.task, args.quick, args.n, args.seed, args.allow_small_gap)
     if args.out is not None:
         check_out_folder(Path(args.out))
-    bar = {"stage": None, "tqdm": None}
-
-    def progress(stage: str, done: int, total: int) -> None:
-        if bar["stage"] != stage:
-            if bar["tqdm"] is not None:
-                bar["tqdm"].close()
-            bar["stage"], bar["tqdm"] = stage, ProgressBar(total=total, desc=f"study: {stage}")
-        bar["tqdm"].total = total
-        bar["tqdm"].n = done
-        bar["tqdm"].refresh()
-
-    try:
+    with StageBars(lambda stage: f"study: {stage}") as progress:
         report = run_study(ModelRef.parse(args.model), settings, args.revision, args.device, args.dtype, progress,
                            tuple(name.strip() for name in args.skip.split(",") if name.strip()))
-    finally:
-        if bar["tqdm"] is not None:
-            bar["tqdm"].close()
     for line in summary_lines(report):
         print(line)
     if args.out is not None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import os
 
 import pytest
 import torch
 
 from core.errors import HeadLabError
-from core.executor import SerialExecutor, SweepFailed, Task, make_executor, run_task, worker_environment
+from core.executor import SerialExecutor, StageBars, SweepFailed, Task, make_executor, run_task, worker_environment
 
 _ATTEMPTS: dict[str, int] = {}
 
@@ -89,3 +90,19 @@ def test_bad_backend_and_task_arguments_are_clear_errors():
         make_executor("serial", "auto")
     with pytest.raises(HeadLabError, match="threads must be at least 1"):
         Task("t", _square, (1,), threads=0)
+
+
+def test_stage_bars_give_each_stage_one_bar_and_close_the_last():
+    stream = io.StringIO()
+    with StageBars(lambda stage: f"run: {stage}", file=stream) as progress:
+        progress("a", 1, 4)
+        progress("a", 4, 4)
+        first = progress.bar
+        progress("b", 1, 2)
+        assert first.disable and progress.bar is not first  # a's bar closed when b began
+        progress("b", 3, 3)  # a stage that learns its size as it goes
+        assert progress.bar.total == 3
+    assert progress.bar is None  # leaving the block closed b's bar
+    lines = stream.getvalue().split("\n")
+    assert any("run: a" in line and "4/4" in line for line in lines)
+    assert any("run: b" in line and "3/3" in line for line in lines)
