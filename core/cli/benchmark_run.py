@@ -1,13 +1,7 @@
 """`python -m core benchmark`: every proposer, patching and edge method scored against the known circuits.
 
-Runs core.pipelines.benchmark on the known models (core.zoo.known; default all of them, `--quick`
-the hand-wired ones with fewer controls and pairs), prints the score table and the disposer's
-verdict accuracy, and with `--out FOLDER` writes report.json, report.md (generated here from
-report.json) and the figures. `--from-report report.json --out FOLDER` redraws report.md and the
-figures from a finished report without running anything. Finished items are cached, so an
-interrupted run resumes where it stopped.
-
-The work only: the arguments are in core/cli/benchmark.py, which imports this module when the command runs.
+The work only: the arguments, and what the command does, are in core/cli/benchmark.py, which imports this module
+when the command runs.
 """
 
 from __future__ import annotations

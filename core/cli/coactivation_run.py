@@ -1,9 +1,7 @@
 """`python -m core coactivation`: Ising co-activation communities and their closure test [CVC].
 
-The flags map one to one onto core.pipelines.coactivation.CoactivationSettings; the summary
-printed here is the report's own `summary()`.
-
-The work only: the arguments are in core/cli/coactivation.py, which imports this module when the command runs.
+The work only: the arguments, and what the command does, are in core/cli/coactivation.py, which imports this module
+when the command runs.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """`python -m core export MODEL --figure spectral|screen|ablation|attribution --out DIR`: the app's figures, headless.
 
-The same builders the pages draw (core/figures/), written in the paper theme as PNG (high
-resolution), SVG and PDF, with each figure's data as CSV and JSON carrying its provenance.
-
-The work only: the arguments are in core/cli/export.py, which imports this module when the command runs.
+The work only: the arguments, and what the command does, are in core/cli/export.py, which imports this module
+when the command runs.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """`python -m core screen | ablate | recipe`: the spectral probe-circuit recipe [SPC] from the command line.
 
-Each command parses its flags, runs core.pipelines.recipe with a tqdm progress bar, prints the
-figures a reader wants first, and returns the full result (the CLI writes it with --json).
-
-The work only: the arguments are in core/cli/recipe.py, which imports this module when the command runs.
+The work only: the arguments, and what the command does, are in core/cli/recipe.py, which imports this module
+when the command runs.
 """
 
 from __future__ import annotations

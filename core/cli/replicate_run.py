@@ -1,9 +1,7 @@
 """`python -m core replicate spectral|closure|attribution`: the papers' claims, tested on the zoo.
 
-Measures each claim (core/pipelines/replicate.py; the claims and their criteria are in
-core/pipelines/replicate_claims.py) and writes the report (core/cli/replicate_report.py).
-
-The work only: the arguments are in core/cli/replicate.py, which imports this module when the command runs.
+The work only: the arguments, and what the command does, are in core/cli/replicate.py, which imports this module
+when the command runs.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """`python -m core train` (one model from flags) and `python -m core zoo` (a preset, resumably).
 
-`python -m core zoo --as-hub ORG/NAME [--model ZOO_MODEL]` trains nothing: it writes a trained zoo
-model's checkpoints into the Hugging Face cache ($HF_HOME/hub) as hub model ORG/NAME, with
-branches named like Pythia's (or OLMo's), to run the hub path offline.
-
-The work only: the arguments are in core/cli/zoo.py, which imports this module when the command runs.
+The work only: the arguments, and what the command does, are in core/cli/zoo.py, which imports this module
+when the command runs.
 """
 
 from __future__ import annotations
