@@ -79,13 +79,19 @@ def cli_zoo(args: argparse.Namespace) -> dict | list:
     return records
 
 
+def training_flags_given(args: argparse.Namespace) -> list[str]:
+    """The flags given that only steer training (--estimate, --threads-per-model, a non-default --hhg-format or
+    --backend): refused where nothing is trained."""
+    return [flag for flag, value in (("--estimate", args.estimate or None),
+                                     ("--threads-per-model", args.threads_per_model),
+                                     ("--hhg-format", None if args.hhg_format == "headlab" else args.hhg_format),
+                                     ("--backend", None if args.backend == "serial" else args.backend))
+            if value is not None]
+
+
 def cli_zoo_real(args: argparse.Namespace) -> dict:
     """`zoo --preset real`: fetch, check and import the pretrained models; the result records each import's time."""
-    training = [flag for flag, value in (("--estimate", args.estimate or None),
-                                         ("--threads-per-model", args.threads_per_model),
-                                         ("--hhg-format", None if args.hhg_format == "headlab" else args.hhg_format),
-                                         ("--backend", None if args.backend == "serial" else args.backend))
-                if value is not None]
+    training = training_flags_given(args)
     if training:
         raise HeadLabError(f"--preset {REAL_PRESET} trains nothing (it downloads and imports), so "
                            f"{' and '.join(training)} mean nothing with it; drop {'it' if len(training) == 1 else 'them'}.")
@@ -109,12 +115,8 @@ def check_zoo_flags(args: argparse.Namespace) -> None:
                                "trained zoo model into the Hugging Face cache); add --as-hub, or use --only MODEL to "
                                "train one model of the preset.")
         return
-    training = [flag for flag, value in (("--preset", args.preset), ("--only", args.only),
-                                         ("--estimate", args.estimate or None),
-                                         ("--threads-per-model", args.threads_per_model),
-                                         ("--hhg-format", None if args.hhg_format == "headlab" else args.hhg_format),
-                                         ("--backend", None if args.backend == "serial" else args.backend))
-                if value is not None]
+    training = [flag for flag, value in (("--preset", args.preset), ("--only", args.only)) if value is not None]
+    training += training_flags_given(args)
     if training:
         raise HeadLabError(f"--as-hub trains nothing, so {' and '.join(training)} mean nothing with it; drop "
                            f"{'it' if len(training) == 1 else 'them'}, or train first (zoo --only MODEL) and then "
