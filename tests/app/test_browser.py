@@ -254,6 +254,14 @@ def assert_no_error(tab) -> None:
     assert shown.count() == 0, shown.first.inner_text()
 
 
+def assert_one_chart(tab, key: str) -> None:
+    """The keyed element holds one drawn plotly chart. Plotly draws in the browser after the script is idle,
+    so a busy machine may show the chart a little later: wait for it before counting."""
+    chart = tab.locator(f".st-key-{key} .js-plotly-plot")
+    chart.first.wait_for(state="attached", timeout=60_000)
+    assert chart.count() == 1, key
+
+
 def click_button(tab, key: str, title: str) -> None:
     """Click the button with widget key `key` once the page is idle."""
     wait_until_idle(tab, title)
@@ -275,7 +283,7 @@ def test_coactivation_closure_test_and_hand_off_to_the_lab(server, page):
     wait_until_idle(page, title)
     assert_no_error(page)
     for key in ("coact_graph", "coact_heatmap", "coact_ari"):
-        assert page.locator(f".st-key-{key} .js-plotly-plot").count() == 1, key
+        assert_one_chart(page, key)
     chosen = page.locator('input[aria-label="Community (or click a node on the graph)"]').input_value()
     assert "(candidate)" in chosen, chosen  # "community 3 (candidate): L0H1, L1H4"
     community = chosen.split("(candidate):", 1)[1].strip()
@@ -286,7 +294,7 @@ def test_coactivation_closure_test_and_hand_off_to_the_lab(server, page):
     assert_no_error(page)
     verdicts = " ".join(page.locator('[data-testid="stAlertContainer"]').all_inner_texts())
     assert "paper rule:" in verdicts and "reference rule:" in verdicts, verdicts
-    assert page.locator(".st-key-coact_closure_z .js-plotly-plot").count() == 1
+    assert_one_chart(page, "coact_closure_z")
     screenshot(page, "coactivation")
     click_button(page, "coact_send", title)
     wait_until_idle(page, "Ablation lab")
@@ -310,7 +318,7 @@ def test_gradient_vs_causal_analysis_runs(server, page):
     assert_no_error(page)
     labels = " ".join(page.locator('[data-testid="stMetricLabel"]').all_inner_texts())
     assert "Spearman" in labels and "hidden heroes" in labels, labels
-    assert page.locator(".st-key-attr_joint .js-plotly-plot").count() == 1
+    assert_one_chart(page, "attr_joint")
     assert page.locator(".st-key-attr_run button").first.is_disabled()  # the result is kept: not computed twice
     page.get_by_text("Evaluation details").first.click()  # fold the expander back for the screenshot
     wait_until_idle(page, title)
@@ -344,7 +352,7 @@ def test_training_dynamics_form_vs_function(server, page):
     wait_until_idle(page, title)
     assert_no_error(page)
     for key in ("dyn_timing", "dyn_identification"):
-        assert page.locator(f".st-key-{key} .js-plotly-plot").count() == 1, key
+        assert_one_chart(page, key)
     set_number(page, "Test every n-th checkpoint (the last always)", len(list_checkpoints(ModelRef.parse(MODEL))), title)
     run = page.locator(".st-key-dyn_run_form_function button").first
     assert "at 2 checkpoints" in run.inner_text()
@@ -426,7 +434,7 @@ def test_activation_path_and_group_patching_one_after_another(server, page):
     wait_until_idle(page, title)
     assert_no_error(page)
     for key in ("patch_heads", "patch_strip_path", "patch_strip_group"):
-        assert page.locator(f".st-key-{key} .js-plotly-plot").count() == 1, key
+        assert_one_chart(page, key)
     screenshot(page, "patching-group-and-path")
 
 
