@@ -4,7 +4,7 @@ No norms and no MLPs: the residual at a position is its embedding plus every hea
 and the logits are that residual @ W_U. So the logits are exactly linear in the last layer's z,
 and weights set by hand can confine a head's output to a subspace only one reader sees (a route
 isolated by construction). It offers what core/ablation/patching reads from a bridge: cfg,
-run_with_hooks / hooks, blocks.{l}.hook_resid_pre, blocks.{l}.attn.hook_z [batch, pos, head, d_head]
+run_with_hooks / hooks (and stop_at_layer), blocks.{l}.hook_resid_pre, blocks.{l}.attn.hook_z [batch, pos, head, d_head]
 and, while cfg.use_split_qkv_input is on, blocks.{l}.attn.hook_{q,k,v}_input [batch, pos, head, d_model].
 """
 
@@ -74,9 +74,12 @@ class HandModel(HookedRootModule):
     def set_use_split_qkv_input(self, flag: bool) -> None:
         self.cfg.use_split_qkv_input = bool(flag)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, stop_at_layer: int | None = None) -> torch.Tensor:
+        """stop_at_layer k: the residual entering block k [batch, pos, d_model] (as TransformerLens models return)."""
         x = self.W_E[tokens] + self.W_pos[: tokens.shape[1]][None]
-        for block in self.blocks:
+        for layer, block in enumerate(self.blocks):
+            if layer == stop_at_layer:
+                return x
             x = block(x)
         return x @ self.W_U
 

@@ -39,8 +39,8 @@ import torch
 
 from core.ablation.edges import EdgeSettings, edge_attribution, edge_graph_of
 from core.ablation.edges.memory import edge_forward_bytes, edge_pair_bytes
-from core.ablation.edges.runs import edge_chunks, edge_query_logits, mean_value
-from core.ablation.patching.runs import metric_values
+from core.ablation.edges.runs import edge_chunks, mean_value
+from core.ablation.patching.runs import metric_values, query_logits
 from core.bench.ablation import matched_conditions, random_bridge, time_conditions
 from core.bench.probe import bench_probe, median_times
 from core.heads import HeadSet
@@ -151,7 +151,7 @@ def bare_forward_backward(model: Any, pair: PatchPair, weights: bool) -> None:
         for p in model.parameters():
             p.requires_grad_(weights)
         with torch.enable_grad():
-            logits_q = edge_query_logits(model, tokens, query, [] if weights else [(hook_name("resid_pre", 0), keep_embed)])
+            logits_q = query_logits(model, tokens, query, [] if weights else [(hook_name("resid_pre", 0), keep_embed)])
             total = metric_values(logits_q, target, other, "logit_diff").sum()
             if weights:
                 total.backward()

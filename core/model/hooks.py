@@ -10,6 +10,7 @@ attention output (METHODS.md, Step 1 pitfall).
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -171,3 +172,20 @@ def output_bias(model: Any, layer: int) -> torch.Tensor | None:
     """The output projection's bias [d_model] at `layer`, or None (Llama, OLMoE have none)."""
     bias = getattr(_output_projection(model, layer), "bias", None)
     return None if bias is None else bias.detach()
+
+
+_HOOK_NAMES: "weakref.WeakKeyDictionary[Any, frozenset[str]]" = weakref.WeakKeyDictionary()
+
+
+def bridge_hook_names(model: Any) -> frozenset[str]:
+    """The names of a model's hooks, read once per model: each read of a bridge's hook_dict rebuilds its alias
+    table (~16 ms on SmolLM2), and a patched or edge run asks for them in every forward."""
+    try:
+        return _HOOK_NAMES[model]
+    except (KeyError, TypeError):
+        names = frozenset(getattr(model, "hook_dict", {}))
+        try:
+            _HOOK_NAMES[model] = names
+        except TypeError:  # not weakly referable: read every time
+            pass
+        return names

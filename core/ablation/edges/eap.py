@@ -24,10 +24,10 @@ import torch
 
 from core.ablation.edges.graph import EdgeGraph
 from core.ablation.edges.runs import (EdgeChunk, EdgeHooks, EdgeSettings, check_edge_model, edge_chunks,
-                                      edge_query_logits, edge_values, removed_matrix, removed_run_values, run_values)
+                                      edge_values, removed_matrix, removed_run_values, run_values)
 from core.ablation.patching.attribution import float32_weights
 from core.ablation.patching.paths import split_qkv_inputs
-from core.ablation.patching.runs import GRADIENT_METRICS
+from core.ablation.patching.runs import GRADIENT_METRICS, query_logits
 from core.choices import EDGE_ALGORITHMS as METHODS
 from core.errors import HeadLabError
 from core.model.hooks import model_dtype
@@ -105,7 +105,7 @@ def _gradient_pass(model: Any, graph: EdgeGraph, chunk: EdgeChunk, metric: str, 
     diff = (chunk.source_acts - chunk.clean_acts).float()  # [sender, row, pos, d_model]
     hooks = EdgeHooks(model, graph, embed_override=None if alpha is None else interpolate, score_diff=diff)
     with torch.enable_grad(), split_qkv_inputs(model):
-        logits_q = edge_query_logits(model, chunk.tokens, chunk.query, hooks.hooks(), chunk.attention_mask)
+        logits_q = query_logits(model, chunk.tokens, chunk.query, hooks.hooks(), chunk.attention_mask)
         values = edge_values(logits_q, chunk, metric)
         torch.autograd.grad(values.sum(), [hooks.embed_input])  # the receivers' gradients go to the scores on the way
     return hooks.finish_scores().double().cpu().numpy(), float(values.detach().double().sum())

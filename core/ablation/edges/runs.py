@@ -23,7 +23,6 @@ scored) edges take the corrupted run's sender outputs ("resample"), or their mea
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -36,10 +35,11 @@ from core.ablation.patching.runs import (PATCH_METRICS, PatchSettings, check_pai
                                          query_logits)
 from core.choices import EDGE_METRICS, EDGE_REPLACEMENTS as REPLACEMENTS
 from core.errors import HeadLabError
-from core.model.hooks import head_output_weights, hook_name, mask_kwargs, mlp_hook_name, model_device, model_shape
+from core.model.hooks import (bridge_hook_names, head_output_weights, hook_name, mask_kwargs, mlp_hook_name, model_device,
+                              model_shape)
 from core.ablation.edges.memory import (check_edge_run_fits, edge_forward_bytes, edge_pair_bytes,  # noqa: F401
                                         kept_pair_bytes)
-from core.model.memory import ForwardShape, chunk_size_for, lean_forward, memory_budget
+from core.model.memory import ForwardShape, chunk_size_for, memory_budget
 from core.results import JsonResult
 from core.stats.patching import normalized_score
 from core.tasks.counterfactual import PatchPair
@@ -380,21 +380,6 @@ def post_norm_scales(x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.T
     return inverse_rms * gain
 
 
-_HOOK_NAMES: "weakref.WeakKeyDictionary[Any, frozenset[str]]" = weakref.WeakKeyDictionary()
-
-
-def bridge_hook_names(model: Any) -> frozenset[str]:
-    """The names of a model's hooks, read once per model: each read of a bridge's hook_dict rebuilds its alias
-    table (~16 ms on SmolLM2), and an edge run asks for them in every forward."""
-    try:
-        return _HOOK_NAMES[model]
-    except (KeyError, TypeError):
-        names = frozenset(getattr(model, "hook_dict", {}))
-        try:
-            _HOOK_NAMES[model] = names
-        except TypeError:  # not weakly referable: read every time
-            pass
-        return names
 
 
 def mlp_output_hooks(model: Any, n_layers: int) -> list[str]:
@@ -454,33 +439,13 @@ def edges_per_chunk(model: Any, pair: PatchPair, graph: EdgeGraph, settings: Edg
                           reserved=pair.n_examples * kept_pair_bytes(shape, graph, pair.seq_len))
 
 
-def edge_query_logits(model: Any, tokens: torch.Tensor, query: torch.Tensor, hooks: Sequence[Hook],
-                      attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """One forward of tokens [row, pos] with `hooks`, unembedding only each row's query position: [row, vocab].
-
-    Every edge metric is read at the query, so the other positions' logits (row x pos x vocab, with a 262k
-    vocabulary the largest tensor of the forward, and its backward) are never made; where the model has no
-    unembed input hook the full logits are sliced instead."""
-    if hook_name("unembed_in") not in bridge_hook_names(model):
-        return query_logits(model, tokens, query, hooks, attention_mask)
-    rows = torch.arange(tokens.shape[0], device=tokens.device)
-
-    def query_rows(resid, hook=None):  # [row, pos, d_model] -> [row, 1, d_model]
-        return resid[rows, query][:, None, :]
-
-    with lean_forward(model):
-        logits = model.run_with_hooks(tokens, fwd_hooks=list(hooks) + [(hook_name("unembed_in"), query_rows)],
-                                      **mask_kwargs(attention_mask))  # [row, 1, vocab]
-    return logits[:, 0]
-
-
 @torch.no_grad()
 def _record(model: Any, graph: EdgeGraph, tokens: torch.Tensor, query: torch.Tensor,
             mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """One plain forward (no per-head inputs: nothing is patched): (query logits [row, vocab], sender outputs
     [sender, row, pos, d_model])."""
     hooks = EdgeHooks(model, graph)
-    logits_q = edge_query_logits(model, tokens, query, hooks.sender_hooks(), mask)
+    logits_q = query_logits(model, tokens, query, hooks.sender_hooks(), mask)
     return logits_q, hooks.stacked()
 
 
@@ -520,7 +485,7 @@ def removed_run_values(model: Any, graph: EdgeGraph, chunk: EdgeChunk, removed: 
     """The clean run with the `removed` edges ([sender, receiver] bool) carrying the source: metric [row]."""
     hooks = EdgeHooks(model, graph, removed=removed, source=chunk.source_acts, scale=scale)
     with split_qkv_inputs(model):
-        logits_q = edge_query_logits(model, chunk.tokens, chunk.query, hooks.hooks(), chunk.attention_mask)
+        logits_q = query_logits(model, chunk.tokens, chunk.query, hooks.hooks(), chunk.attention_mask)
     return edge_values(logits_q, chunk, metric)
 
 

@@ -3,7 +3,8 @@
 The method of the IOI paper [Wang et al. 2022]: per chunk of examples, on the base run (the
 corrupted prompts when denoising, the clean ones when noising),
 1. patch the senders' hook_z from the source run and freeze every other head at its base-run z
-   (MLPs and norms recompute), and record the residual stream entering each receiver's layer;
+   (MLPs and norms recompute), and record the residual stream entering each receiver's layer (the run stops at
+   the last receiver's layer: nothing after it is read);
 2. run the base prompts again with only the receivers' chosen inputs (q, k and/or v) read from
    that recorded residual, everything else recomputed, and measure the metric.
 So only what the senders send into the receivers' chosen inputs (directly, or through MLPs)
@@ -206,10 +207,12 @@ def path_run(model: Any, runs: ChunkRuns, senders: HeadSet, receivers: HeadSet, 
             return x
         return hook
 
-    hooks = _sender_hooks(runs, senders, source_z, max(receivers.layers))
-    hooks += [(hook_name("resid_pre", layer), keep(layer)) for layer in receivers.layers]
+    last = max(receivers.layers)
+    hooks = _sender_hooks(runs, senders, source_z, last)
+    hooks += [(hook_name("resid_pre", layer), keep(layer)) for layer in receivers.layers if layer < last]
     mask = mask_kwargs(runs.attention_mask)
-    model.run_with_hooks(runs.base_tokens, fwd_hooks=hooks, **mask)
+    # step 1 stops where the last receiver's layer begins: the residual entering it is all it still needs
+    recorded[last] = model.run_with_hooks(runs.base_tokens, fwd_hooks=hooks, stop_at_layer=last, **mask).detach()
     fired: list[str] = []
     receiver_hooks = _receiver_hooks(recorded, receivers, components, fired)
     with split_qkv_inputs(model):

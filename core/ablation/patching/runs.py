@@ -19,8 +19,8 @@ from core.choices import PATCH_METRICS
 from core.stats.metrics import query_metrics
 from core.errors import HeadLabError
 from core.heads import HeadSet
-from core.model.hooks import (hook_name, mask_kwargs, model_context_length, model_device, model_dtype, model_shape,
-                              model_vocab_size)
+from core.model.hooks import (bridge_hook_names, hook_name, mask_kwargs, model_context_length, model_device, model_dtype,
+                              model_shape, model_vocab_size)
 from core.model.loading import dtype_name
 from core.model.memory import ForwardShape, chunk_size_for, forward_bytes, lean_forward, memory_budget
 from core.results import JsonResult, provenance
@@ -146,15 +146,27 @@ def z_recorders(n_layers: int, store: dict[int, torch.Tensor]) -> list[Hook]:
 
 def query_logits(model: Any, tokens: torch.Tensor, query: torch.Tensor, hooks: Sequence[Hook] = (),
                  attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """One forward of tokens [row, pos] with `hooks`; the logits at each row's query position [row, vocab].
+    """One forward of tokens [row, pos] with `hooks`, unembedding only each row's query position: [row, vocab].
 
-    attention_mask [row, pos] (1 real, 0 padding) or None: padded batches from probe files (the
-    bridge then also offsets the positions of left-padded rows).
+    Every patching and edge metric is read at the query, so the other positions' logits are never made: with
+    SmolLM2's 49k-token vocabulary they are a fifth of a forward's arithmetic, with Gemma-3's 262k most of it
+    (and the largest tensor of the forward and its backward). Where the model has no unembed input hook the
+    full logits are sliced instead. attention_mask [row, pos] (1 real, 0 padding) or None: padded batches from
+    probe files (the bridge then also offsets the positions of left-padded rows).
     """
+    rows = torch.arange(tokens.shape[0], device=tokens.device)
     kwargs = mask_kwargs(attention_mask)
-    logits = (model.run_with_hooks(tokens, fwd_hooks=list(hooks), **kwargs) if hooks
-              else model(tokens, **kwargs))  # [row, pos, vocab]
-    return logits[torch.arange(tokens.shape[0], device=tokens.device), query]
+    if hook_name("unembed_in") not in bridge_hook_names(model):
+        logits = model.run_with_hooks(tokens, fwd_hooks=list(hooks), **kwargs)  # [row, pos, vocab]
+        return logits[rows, query]
+
+    def query_rows(resid, hook=None):  # [row, pos, d_model] -> [row, 1, d_model]
+        return resid[rows, query][:, None, :]
+
+    with lean_forward(model):
+        logits = model.run_with_hooks(tokens, fwd_hooks=list(hooks) + [(hook_name("unembed_in"), query_rows)],
+                                      **kwargs)  # [row, 1, vocab]
+    return logits[:, 0]
 
 
 @torch.no_grad()
