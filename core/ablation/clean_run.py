@@ -116,6 +116,14 @@ class Recorder:
         self.model, self.handles, self.z_hooks = None, [], None  # the record keeps tensors, not the model (CleanRuns)
 
 
+def replay_block(model: Any, recorder: Recorder, layer: int, resid: torch.Tensor) -> torch.Tensor:
+    """Block `layer` run on resid [row, pos, d_model] (the recorded rows, or rows they broadcast to) with the call
+    arguments the recorded forward gave it (attention mask, rotary embeddings, ...): its output residual."""
+    args, kwargs = recorder.calls[layer]
+    out = model.blocks[layer](resid, *args, **kwargs)
+    return out[0] if isinstance(out, tuple) else out
+
+
 CLEAN_RUN_BYTES = 512 * 2**20  # the most a kept clean run may hold (residuals and z of every layer)
 
 

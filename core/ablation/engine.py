@@ -136,7 +136,7 @@ def _fit_batch(value: Any, rows: int, index: torch.Tensor | None, repeat: int) -
     return picked if repeat == 1 else picked.repeat(repeat, *([1] * (picked.ndim - 1)))
 
 
-def _run_tail(model: Any, recorder: Recorder, start: int, resid: torch.Tensor, rows: int, index, repeat: int,
+def run_tail(model: Any, recorder: Recorder, start: int, resid: torch.Tensor, rows: int, index, repeat: int,
               query_pos: torch.Tensor, last_mlp_at_query: bool = False,
               last_attention_at_query: bool = False) -> torch.Tensor:
     """Blocks start..L-1 from `resid` [row, pos, d_model], then final norm + unembed at query_pos [row] -> [row, vocab].
@@ -332,7 +332,7 @@ def _condition_logits(model: Any, rec: Recorder, chunk: Sequence[Ablation], star
     the query positions [cond*n_rows, vocab], condition-major (n_rows: the first n_rows examples only).
 
     start_weights: W_O of layer `start` [head, d_head, d_model] to skip replaying that layer
-    (parallel-residual blocks: the clean output plus _head_change); last_mlp_at_query: see _run_tail.
+    (parallel-residual blocks: the clean output plus _head_change); last_mlp_at_query: see run_tail.
     """
     n_layers = len(model.blocks)
     n_rows = rows if n_rows is None else n_rows
@@ -348,11 +348,11 @@ def _condition_logits(model: Any, rec: Recorder, chunk: Sequence[Ablation], star
     last_mlp_at_query = last_mlp_at_query and not any(n_layers - 1 in a.mlp_layers for a in chunk)
     last_attention_at_query = not any(n_layers - 1 in a.heads.layers for a in chunk)  # no hook reads that attention
     with model.hooks(fwd_hooks=hooks):
-        return _run_tail(model, rec, first, resid, rows, index, reps, query[:n_rows].repeat(reps), last_mlp_at_query,
+        return run_tail(model, rec, first, resid, rows, index, reps, query[:n_rows].repeat(reps), last_mlp_at_query,
                          last_attention_at_query)
 
 
-def _differs(got: torch.Tensor, want: torch.Tensor, model: Any) -> bool:
+def logits_differ(got: torch.Tensor, want: torch.Tensor, model: Any) -> bool:
     """Whether two logit tensors differ by more than the replay tolerance (relative to want's scale)."""
     scale = 1.0 + float(want.abs().max())
     return float((got.float() - want.float()).abs().max()) > _replay_tolerance(model) * scale
@@ -489,7 +489,7 @@ def stream_conditions(
                                                    last_mlp_at_query=at_query)
                     except RuntimeError:  # a block that cannot take the query rows alone
                         return True
-                    return _differs(replay, clean_q[:probe], model)
+                    return logits_differ(replay, clean_q[:probe], model)
 
                 if replay_differs(True):
                     last_mlp_at_query = False
@@ -501,7 +501,7 @@ def stream_conditions(
                 if use_prefix and heads_only:
                     start, ablation = heads_only[0]
                     skipped = _condition_logits(model, rec, [ablation], start, rows, query, stats, 2, output_weights[start])
-                    if _differs(skipped, _condition_logits(model, rec, [ablation], start, rows, query, stats, 2), model):
+                    if logits_differ(skipped, _condition_logits(model, rec, [ablation], start, rows, query, stats, 2), model):
                         shortcut_starts = []
                         notes.append("skipping the lowest ablated layer did not match replaying it; every start layer was replayed.")
 

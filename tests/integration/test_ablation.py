@@ -325,8 +325,8 @@ def test_head_change_is_the_ablated_heads_through_w_o():
 def test_failed_self_check_falls_back_to_full_forwards(tiny, monkeypatch):
     hf, model = tiny
     batch = _batch(seed=9)
-    real_tail = ablation_module._run_tail
-    monkeypatch.setattr(ablation_module, "_run_tail", lambda *a, **k: real_tail(*a, **k) + 1.0)
+    real_tail = ablation_module.run_tail
+    monkeypatch.setattr(ablation_module, "run_tail", lambda *a, **k: real_tail(*a, **k) + 1.0)
     notes: list[str] = []
     heads = HeadSet(((2, 1),))
     _, (got,) = run_conditions(model, batch, [Ablation(heads)], notes=notes)

@@ -17,11 +17,17 @@ import torch
 from core.ablation.patching import PatchSettings, activation_patching, attribution_patching, group_patching, path_patching
 from core.ablation.patching.activation import GroupPatching, measure_conditions
 from core.ablation.patching.paths import PathPatching
+import core.ablation.patching.runs as runs_module
 from core.ablation.patching.runs import patched_run, run_chunks, z_patch_hooks
 from core.errors import HeadLabError
 from core.heads import HeadSet
+from core.model.loading import load_model
+from core.model.refs import ModelRef
 from core.tasks import PatchPair, ProbeBatch
+from core.tasks.counterfactual import InductionCounterfactualSpec
+from core.tasks.specs import probe_spec
 from tests.hand_model import HandModel, random_hand_model
+from tests.tiny_models import save_tiny_model
 
 N_LAYERS, N_HEADS, VOCAB, SEQ_LEN = 2, 2, 8, 10
 EVERY_HEAD = HeadSet(tuple((l, h) for l in range(N_LAYERS) for h in range(N_HEADS)))
@@ -190,3 +196,37 @@ def test_the_gap_rule_refuses_a_noisy_pair(model):
     assert forced.gap["gap_mean"] == pytest.approx(forced.clean_value - forced.corrupted_value)
     attr = attribution_patching(model, pair, PatchSettings(batch_size=4, allow_small_gap=True))
     assert attr.gap["gap_mean"] == pytest.approx(forced.gap["gap_mean"], abs=1e-5)
+
+
+# ------------------------------------------------------------------ prefix reuse on Hugging Face models
+
+
+@pytest.mark.parametrize("family", ["gpt_neox", "llama_gqa", "gemma3"])
+def test_patched_runs_replayed_from_the_lowest_patched_layer_equal_full_forwards(family, tmp_path, monkeypatch):
+    """Activation, group and path patching with the base run's blocks replayed from the lowest patched layer give
+    the full forwards' scores (parallel residual, grouped-query attention, Gemma-3's sliding window and norms)."""
+    model = load_model(ModelRef.parse(str(save_tiny_model(family, tmp_path, seed=3))))
+    pair = InductionCounterfactualSpec(probe_spec("induction", n_examples=6, seq_len=10), seed=0).build()
+    settings = PatchSettings(n_controls=2, allow_small_gap=True)  # random weights: no real answer to lose
+    assert next(run_chunks(model, pair, settings)).replay is not None  # the replay is what runs below
+
+    def every_method():
+        return (activation_patching(model, pair, settings),
+                group_patching(model, pair, HeadSet(((1, 0), (1, 3))), settings),
+                path_patching(model, pair, HeadSet(((0, 1),)), HeadSet(((1, 2),)), "q,k,v", settings))
+
+    replayed = every_method()
+    monkeypatch.setattr(runs_module, "can_replay", lambda model: False)
+    assert next(run_chunks(model, pair, settings)).replay is None
+    full = every_method()
+    np.testing.assert_allclose(replayed[0].scores, full[0].scores, rtol=1e-4, atol=1e-5)
+    for a, b in zip(replayed[1:], full[1:]):
+        np.testing.assert_allclose([a.score, *a.control_scores], [b.score, *b.control_scores], rtol=1e-4, atol=1e-5)
+    assert replayed[0].identity_max_diff < 1e-4
+
+
+def test_a_replay_that_does_not_give_the_base_run_back_is_not_used(tmp_path, monkeypatch):
+    model = load_model(ModelRef.parse(str(save_tiny_model("llama", tmp_path))))
+    pair = InductionCounterfactualSpec(probe_spec("induction", n_examples=4, seq_len=10), seed=0).build()
+    monkeypatch.setattr(runs_module, "logits_differ", lambda got, want, model: True)
+    assert [runs.replay for runs in run_chunks(model, pair, PatchSettings(batch_size=2))] == [None, None]

@@ -123,7 +123,8 @@ def measure_conditions(model: Any, pair: PatchPair, settings: PatchSettings, con
             if unread:
                 sums[i] += float(runs.base_values.double().sum())
             else:
-                values, _ = patched_run(model, runs, z_patch_hooks(runs.source_z, heads, position), settings.metric)
+                values, _ = patched_run(model, runs, z_patch_hooks(runs.source_z, heads, position), settings.metric,
+                                        start=min(heads.layers))
                 sums[i] += float(values.double().sum())
             done += runs.rows
             if progress is not None:

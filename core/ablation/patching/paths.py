@@ -28,6 +28,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
+from core.ablation.clean_run import replay_block
 from core.ablation.patching.runs import (ChunkRuns, Hook, PatchSettings, Progress, check_pair_fits, checked_gap,
                                          patch_provenance, patched_run, run_chunks)
 from core.errors import HeadLabError
@@ -199,24 +200,33 @@ def _receiver_hooks(recorded: dict[int, torch.Tensor], receivers: HeadSet, compo
 def path_run(model: Any, runs: ChunkRuns, senders: HeadSet, receivers: HeadSet, components: tuple[str, ...],
              source_z: Sequence[torch.Tensor], metric: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The two steps on one chunk: (metric values [row], query logits [row, vocab])."""
-    recorded: dict[int, torch.Tensor] = {}
-
-    def keep(layer: int):
-        def hook(x, hook=None):
-            recorded[layer] = x.detach()  # [row, pos, d_model], the residual entering the receiver's layer
-            return x
-        return hook
-
+    recorded: dict[int, torch.Tensor] = {}  # layer -> the residual entering it [row, pos, d_model]
     last = max(receivers.layers)
     hooks = _sender_hooks(runs, senders, source_z, last)
-    hooks += [(hook_name("resid_pre", layer), keep(layer)) for layer in receivers.layers if layer < last]
-    mask = mask_kwargs(runs.attention_mask)
-    # step 1 stops where the last receiver's layer begins: the residual entering it is all it still needs
-    recorded[last] = model.run_with_hooks(runs.base_tokens, fwd_hooks=hooks, stop_at_layer=last, **mask).detach()
+    if runs.replay is not None:  # step 1 from the lowest sender's layer: below it every head is the base run's
+        first = min(senders.layers)
+        x = runs.replay.resid_before(first)
+        with model.hooks(fwd_hooks=hooks):
+            for layer in range(first, last):
+                if layer in receivers.layers:
+                    recorded[layer] = x
+                x = replay_block(model, runs.replay, layer, x)
+        recorded[last] = x
+    else:
+        def keep(layer: int):
+            def hook(x, hook=None):
+                recorded[layer] = x.detach()
+                return x
+            return hook
+
+        hooks += [(hook_name("resid_pre", layer), keep(layer)) for layer in receivers.layers if layer < last]
+        # step 1 stops where the last receiver's layer begins: the residual entering it is all it still needs
+        recorded[last] = model.run_with_hooks(runs.base_tokens, fwd_hooks=hooks, stop_at_layer=last,
+                                              **mask_kwargs(runs.attention_mask)).detach()
     fired: list[str] = []
     receiver_hooks = _receiver_hooks(recorded, receivers, components, fired)
     with split_qkv_inputs(model):
-        out = patched_run(model, runs, receiver_hooks, metric)
+        out = patched_run(model, runs, receiver_hooks, metric, start=min(receivers.layers))
     missing = sorted({name for name, _ in receiver_hooks} - set(fired))
     if missing:
         raise HeadLabError(f"{missing[0]} never ran: this model's attention has no per-head input there, so path "

@@ -6,15 +6,24 @@ the one patched into (the corrupted run when denoising, the clean run when noisi
 *source* run the one whose activations are patched in. Metrics are taken at the query position,
 always against the clean target (minus the corrupted target's logit for "logit_diff", when the
 pair has one), and reported on the normalized scale of core/stats/patching.py.
+
+Prefix reuse, as in the ablation engine (core/ablation/engine.py): the base run records what every block
+receives (core/ablation/clean_run.py's Recorder), and a patched run replays only the blocks from its lowest
+patched layer, then unembeds at the query. Patching one head of layer l leaves layers below l as they were,
+so over every head of an L-layer model this halves the work. Checked once per call on the first chunk (a
+replay from layer 0 must give the base logits back); where it does not, or the model has no final norm and
+unembedding to replay into, every patched run is a full forward.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from core.ablation.clean_run import Recorder
+from core.ablation.engine import logits_differ, run_tail
 from core.choices import PATCH_METRICS
 from core.stats.metrics import query_metrics
 from core.errors import HeadLabError
@@ -106,7 +115,8 @@ class ChunkRuns:
     base_tokens: [row, pos], the prompts a patched run reads; query, target: [row];
     other_target: [row] or None; clean_values, corrupted_values, base_values: [row] (the metric);
     base_logits: [row, vocab] at the query; base_z, source_z: per layer [row, pos, head, d_head];
-    attention_mask: [row, pos] (1 real, 0 padding) or None, the same for both runs.
+    attention_mask: [row, pos] (1 real, 0 padding) or None, the same for both runs; replay: what the base
+    run's blocks received, for patched runs that start at their lowest patched layer (None: full forwards).
     """
 
     base_tokens: torch.Tensor
@@ -120,6 +130,7 @@ class ChunkRuns:
     base_z: list[torch.Tensor]
     source_z: list[torch.Tensor]
     attention_mask: torch.Tensor | None = None
+    replay: Recorder | None = None  # the base run's block inputs and call arguments (every layer), or None
 
     @property
     def rows(self) -> int:
@@ -170,22 +181,51 @@ def query_logits(model: Any, tokens: torch.Tensor, query: torch.Tensor, hooks: S
 
 
 @torch.no_grad()
-def chunk_runs(model: Any, chunk: PatchPair, direction: str, metric: str, device: torch.device) -> ChunkRuns:
-    """Run a chunk's clean and corrupted prompts, keeping the metric, the base logits and every layer's z."""
+def chunk_runs(model: Any, chunk: PatchPair, direction: str, metric: str, device: torch.device,
+               replay: bool = False) -> ChunkRuns:
+    """Run a chunk's clean and corrupted prompts, keeping the metric, the base logits and every layer's z
+    (replay: also what every block of the base run received, see ChunkRuns)."""
     n_layers = model_shape(model)[0]
     query, target = chunk.clean.query_pos.to(device), chunk.clean.target.to(device)
     other = None if chunk.corrupted_target is None else chunk.corrupted_target.to(device)
     mask = None if chunk.attention_mask is None else chunk.attention_mask.to(device)
-    runs = {}
+    base, source = ("corrupted", "clean") if direction == "denoise" else ("clean", "corrupted")
+    runs, recorder = {}, None
     for side, tokens in (("clean", chunk.clean.tokens), ("corrupted", chunk.corrupted_tokens)):
         store: dict[int, torch.Tensor] = {}
         tokens = tokens.to(device)
-        logits_q = query_logits(model, tokens, query, z_recorders(n_layers, store), mask)
+        if replay and side == base:
+            with Recorder(model, 0, keep=range(n_layers)) as recorder:
+                logits_q = query_logits(model, tokens, query, z_recorders(n_layers, store), mask)
+        else:
+            logits_q = query_logits(model, tokens, query, z_recorders(n_layers, store), mask)
         runs[side] = (tokens, logits_q, metric_values(logits_q, target, other, metric), [store[l] for l in range(n_layers)])
-    base, source = ("corrupted", "clean") if direction == "denoise" else ("clean", "corrupted")
     return ChunkRuns(base_tokens=runs[base][0], query=query, target=target, other_target=other,
                      clean_values=runs["clean"][2], corrupted_values=runs["corrupted"][2], base_values=runs[base][2],
-                     base_logits=runs[base][1], base_z=runs[base][3], source_z=runs[source][3], attention_mask=mask)
+                     base_logits=runs[base][1], base_z=runs[base][3], source_z=runs[source][3], attention_mask=mask,
+                     replay=recorder)
+
+
+def can_replay(model: Any) -> bool:
+    """Whether the model has what a replayed run needs: blocks, and the final norm and unembedding after them."""
+    return all(hasattr(model, name) for name in ("blocks", "ln_final", "unembed"))
+
+
+REPLAY_CHECK_ROWS = 8  # rows of the first chunk replayed from layer 0 to check the replay
+
+
+@torch.no_grad()
+def replay_reproduces_base(model: Any, runs: ChunkRuns) -> bool:
+    """A replay of every block (layer 0 on, no hook) gives the base run's query logits back, to the engine's
+    tolerance; a block that cannot be replayed counts as a failure."""
+    probe = min(runs.rows, REPLAY_CHECK_ROWS)
+    index = torch.arange(probe, device=runs.query.device)
+    try:
+        replayed = run_tail(model, runs.replay, 0, runs.replay.resid_before(0)[:probe], runs.rows, index, 1,
+                            runs.query[:probe])
+    except RuntimeError:
+        return False
+    return not logits_differ(replayed, runs.base_logits[:probe], model)
 
 
 def z_patch_hooks(source_z: Sequence[torch.Tensor], heads: HeadSet, position: int | None = None) -> list[Hook]:
@@ -211,9 +251,16 @@ def z_patch_hooks(source_z: Sequence[torch.Tensor], heads: HeadSet, position: in
 
 
 @torch.no_grad()
-def patched_run(model: Any, runs: ChunkRuns, hooks: Sequence[Hook], metric: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The base run with `hooks`: (metric values [row], query logits [row, vocab])."""
-    logits_q = query_logits(model, runs.base_tokens, runs.query, hooks, runs.attention_mask)
+def patched_run(model: Any, runs: ChunkRuns, hooks: Sequence[Hook], metric: str,
+                start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The base run with `hooks`: (metric values [row], query logits [row, vocab]). start: the lowest layer any
+    hook changes; with a recorded base run only the blocks from there on run."""
+    if runs.replay is None:
+        logits_q = query_logits(model, runs.base_tokens, runs.query, hooks, runs.attention_mask)
+    else:
+        with model.hooks(fwd_hooks=list(hooks)):
+            logits_q = run_tail(model, runs.replay, start, runs.replay.resid_before(start), runs.rows, None, 1,
+                                runs.query)
     return metric_values(logits_q, runs.target, runs.other_target, metric), logits_q
 
 
@@ -236,16 +283,20 @@ def check_pair_fits(model: Any, pair: PatchPair) -> None:
                            "use shorter prompts (--seq-len).")
 
 
-def examples_per_chunk(model: Any, pair: PatchPair, settings: PatchSettings, grad: bool = False) -> int:
+def examples_per_chunk(model: Any, pair: PatchPair, settings: PatchSettings, grad: bool = False,
+                       replay: bool = False) -> int:
     """Examples per forward: settings.batch_size, else as many as the free memory holds (a power of two).
 
-    Per example: both runs' z at every layer, plus one forward (every layer's activations with grad).
+    Per example: both runs' z at every layer (replay: and the base run's residual entering every layer), plus
+    one forward (every layer's activations with grad).
     """
     if settings.batch_size is not None:
         return min(settings.batch_size, pair.n_examples)
     n_layers, n_heads, d_head = model_shape(model)
     shape = ForwardShape.of_model(model)
     kept = 2 * n_layers * pair.seq_len * n_heads * d_head * shape.element_size
+    if replay:
+        kept += n_layers * pair.seq_len * shape.d_model * shape.element_size
     forward = forward_bytes(shape, pair.seq_len, logit_rows=pair.seq_len)
     per_example = kept + (n_layers + 1) * forward if grad else kept + forward
     return chunk_size_for(per_example, pair.n_examples, memory_budget(model_device(model)), "patching")
@@ -260,10 +311,15 @@ def patch_provenance(model: Any, pair: PatchPair, settings: PatchSettings, metho
                       site="blocks.{l}.attn.hook_z (head output before W_O)", **extra)
 
 
-def run_chunks(model: Any, pair: PatchPair, settings: PatchSettings) -> Iterator[ChunkRuns]:
+def run_chunks(model: Any, pair: PatchPair, settings: PatchSettings, replay: bool = True) -> Iterator[ChunkRuns]:
     """Each chunk of pairs run clean and corrupted (ChunkRuns); the caller's patched runs of that chunk
-    happen before the next, all under lean_forward."""
+    happen before the next, all under lean_forward. replay: record the base run for prefix reuse (kept
+    only when the model has what it needs and the first chunk's check passes)."""
     device = model_device(model)
+    replay = replay and can_replay(model)
     with lean_forward(model):
-        for chunk in pair.chunks(examples_per_chunk(model, pair, settings)):
-            yield chunk_runs(model, chunk, settings.direction, settings.metric, device)
+        for i, chunk in enumerate(pair.chunks(examples_per_chunk(model, pair, settings, replay=replay))):
+            runs = chunk_runs(model, chunk, settings.direction, settings.metric, device, replay)
+            if replay and i == 0 and not replay_reproduces_base(model, runs):
+                replay = False
+            yield runs if replay else replace(runs, replay=None)
