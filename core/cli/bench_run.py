@@ -111,7 +111,9 @@ def cli_bench_patch(args: argparse.Namespace) -> dict:
     print(f"patch bench ({result['model']} {result['revision']}, N={result['n_examples']}, T={result['seq_len']}, "
           f"{result['n_heads_total']} heads): activation {result['activation_s']:.2f}s, attribution "
           f"{result['attribution_s']:.2f}s, speedup {result['speedup_attribution_vs_activation']:.1f}x "
-          f"(CPU time {result['speedup_cpu']:.1f}x), Spearman {rho}")
+          f"(CPU time {result['speedup_cpu']:.1f}x), Spearman {rho}; activation with full forwards "
+          f"{result['activation_full_s']:.2f}s, the replay {result['speedup_replay_vs_full_forwards']:.2f}x faster "
+          f"(largest score difference {result['replay_max_score_diff']:.2g})")
     return result
 
 

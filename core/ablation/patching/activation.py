@@ -96,7 +96,7 @@ class _Measured:
 
 
 def measure_conditions(model: Any, pair: PatchPair, settings: PatchSettings, conditions: Sequence[Condition],
-                       progress: Progress | None = None) -> _Measured:
+                       progress: Progress | None = None, replay: bool = True) -> _Measured:
     """Run every condition on every chunk of pairs: the mean metric of each, and of the clean and corrupted runs.
 
     The clean-corrupted gap is checked first on its per-example spread (HeadLabError when reversed or
@@ -104,7 +104,8 @@ def measure_conditions(model: Any, pair: PatchPair, settings: PatchSettings, con
 
     A condition at one position that cannot reach any query is not run, it scores as the base run:
     a position after every query (attention is causal), or the last layer at a position no example
-    queries (that layer's output at a position reaches only that position's logits).
+    queries (that layer's output at a position reaches only that position's logits). replay: False runs
+    every condition as a full forward (run_chunks), the baseline of `bench patch`.
     """
     check_pair_fits(model, pair)
     n_layers = model_shape(model)[0]
@@ -112,7 +113,7 @@ def measure_conditions(model: Any, pair: PatchPair, settings: PatchSettings, con
     clean_values, corrupted_values = [], []
     identity = 0.0
     total, done = len(conditions) * pair.n_examples, 0
-    for runs in run_chunks(model, pair, settings):
+    for runs in run_chunks(model, pair, settings, replay):
         clean_values.append(runs.clean_values)
         corrupted_values.append(runs.corrupted_values)
         identity = max(identity, identity_max_diff(model, runs))
@@ -137,11 +138,13 @@ def measure_conditions(model: Any, pair: PatchPair, settings: PatchSettings, con
 
 
 def activation_patching(model: Any, pair: PatchPair, settings: PatchSettings = PatchSettings(),
-                        progress: Progress | None = None, heads: Sequence[tuple[int, int]] | None = None) -> HeadPatching:
+                        progress: Progress | None = None, heads: Sequence[tuple[int, int]] | None = None,
+                        replay: bool = True) -> HeadPatching:
     """Patch every head alone (per_position: also every head at every position alone); one score each.
 
     heads: only these (layer, head) (patch --top-k: the heads attribution ranks first); the others
-    score NaN and `exact` marks which were run. progress(done, total) counts example-conditions.
+    score NaN and `exact` marks which were run. progress(done, total) counts example-conditions. replay: see
+    measure_conditions.
     """
     n_layers, n_heads, _ = model_shape(model)
     every = [(l, h) for l in range(n_layers) for h in range(n_heads)]
@@ -150,7 +153,7 @@ def activation_patching(model: Any, pair: PatchPair, settings: PatchSettings = P
     conditions: list[Condition] = [(HeadSet((head,)), None) for head in patched]
     if settings.per_position:
         conditions += [(HeadSet((head,)), t) for head in patched for t in range(pair.seq_len)]
-    measured = measure_conditions(model, pair, settings, conditions, progress)
+    measured = measure_conditions(model, pair, settings, conditions, progress, replay)
     scores = np.asarray(measured.scores(measured.conditions))
     index = tuple(np.array(patched).T)  # ([layer...], [head...])
     per_head = np.full((n_layers, n_heads), np.nan)
