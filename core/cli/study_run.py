@@ -186,8 +186,10 @@ def ioi_markdown(report: dict) -> list[str]:
                f"previous-token (at S1+1, to S1) >= {t['pattern']}.")
     out += ["", "| head | role | attn END->IO | END->S2 | S2->S1 | S2->S1+1 | S1+1->S1 | direct effect | copy | "
             "negative copy |", "|---|---|---|---|---|---|---|---|---|---|"]
+    measured = bool(np.any(np.asarray(r["direct_effect"])))  # all zero: not measured on this model (a note says why)
     out += [f"| {row['head']} | {row['role']} | {row['attn_io']:.2f} | {row['attn_s2']:.2f} | {row['attn_duplicate']:.2f}"
-            f" | {row['attn_induction']:.2f} | {row['attn_previous']:.2f} | {row['direct_effect']:+.3f} | "
+            f" | {row['attn_induction']:.2f} | {row['attn_previous']:.2f} | "
+            f"{format(row['direct_effect'], '+.3f') if measured else 'not measured'} | "
             f"{row['copy_score']:.2f} | {_f(row.get('neg_copy_score'), 2)} |" for row in r["table"]]
     out += [f"- note: {n}" for n in r["notes"]]
     if r.get("copy_input"):
@@ -196,7 +198,8 @@ def ioi_markdown(report: dict) -> list[str]:
     best = np.unravel_index(int(np.argmax(copy)), copy.shape)
     out.append(f"- the largest copy score is {copy[best]:.2f} (L{best[0]}H{best[1]}); {int((copy >= t['copy']).sum())} "
                f"heads copy at least {t['copy']} of the names.")
-    out.append("- the largest direct effects, whatever their label: " + "; ".join(largest_effects(r)) + ".")
+    if measured:
+        out.append("- the largest direct effects, whatever their label: " + "; ".join(largest_effects(r)) + ".")
     out.append("")
     return out + circuit_markdown(ioi)
 
