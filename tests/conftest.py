@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from filelock import FileLock, Timeout
+from xdist.scheduler import LoadScopeScheduling
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,6 +34,10 @@ if XDIST_WORKERS > 1:
     # (docs/performance.md, "Threads on a shared machine"); each worker gets its share of them (at least one).
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // XDIST_WORKERS))
 SHARED_ZOO = "quick-zoo"  # beside the workers' own temp folders: trained once, copied into each home
+# The modules that start Ray: one unit of work, run on one worker in this order (test_ray_cluster starts and stops
+# its own instances, so it goes before the modules that share `ray_local`'s). A module marked `ray` is listed here.
+RAY_MODULES = ("tests/integration/test_ray_cluster.py", "tests/integration/test_ablation_ray.py",
+               "tests/integration/test_ray_sweep.py", "tests/integration/test_zoo_ray.py")
 
 
 @pytest.fixture(autouse=True)
@@ -141,33 +146,97 @@ def real_smollm2(tmp_path_factory) -> str:
     return REAL_SMOLLM2
 
 
+@pytest.fixture(scope="session")
+def ray_lock(tmp_path_factory):
+    """Held by a worker from its first Ray module to the end of its session, under xdist: a second `ray.init()` on
+    the machine would join the first one's cluster. Ray started here (`ray_local`) is shut down before it is let go.
+    Under `make test` every Ray module runs on one worker (`RunOrderScheduling`), so nobody waits for it."""
+    import ray  # only the Ray tests need it
+
+    lock = FileLock(tmp_path_factory.getbasetemp().parent / "ray.lock") if XDIST_WORKERS > 1 else None
+    if lock:
+        lock.acquire()
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        if lock:
+            lock.release()
+
+
 @pytest.fixture(scope="module", autouse=True)
-def one_ray_module_at_a_time(request, tmp_path_factory):
-    """A module marked `ray` starts Ray instances; under xdist it holds a lock shared by the workers
-    for its whole run, since a second `ray.init()` on the machine would join the first one's cluster."""
-    if XDIST_WORKERS < 2 or request.node.get_closest_marker("ray") is None:
-        yield
-        return
-    with FileLock(tmp_path_factory.getbasetemp().parent / "ray.lock"):
-        yield
-
-
-def pytest_sessionfinish(session, exitstatus):
-    shutil.rmtree(_SESSION_HOME, ignore_errors=True)  # the workers' shared zoo: in pytest's temp folder, pruned to the last 3 runs
+def one_ray_module_at_a_time(request):
+    """A module marked `ray` starts Ray instances: it takes `ray_lock` first."""
+    if request.node.get_closest_marker("ray") is not None:
+        request.getfixturevalue("ray_lock")
+    yield
 
 
 @pytest.fixture(scope="module")
-def ray_local():
-    """A real local Ray instance on 2 CPUs for one test module (no dashboard); shut down after it.
-
-    RayExecutor() (no address) then uses it instead of starting its own."""
+def ray_local(ray_lock):
+    """A real local Ray instance on 2 CPUs (no dashboard), started by the first module that asks and kept for the
+    next ones (its workers, which have imported torch and TransformerLens, with it); shut down at the session's end
+    or by a module that starts its own (test_ray_cluster). RayExecutor() (no address) then uses it."""
     import ray  # only the Ray tests need it
 
     from core.executor import worker_environment
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": worker_environment()})
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": worker_environment()})
+    return ray
+
+
+# ------------------------------------------------------------------ the run's order
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile with the Ray modules as one unit, and the modules in the order the workers collected them
+    (`pytest_collection_modifyitems`), not xdist's by test count."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    config.option.loadscopereorder = False
+    return RunOrderScheduling(config, log)
+
+
+class RunOrderScheduling(LoadScopeScheduling):
+    """One unit per test module, except the Ray modules, which are one unit together (one worker, one Ray instance)."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        module = nodeid.split("::", 1)[0]
+        return "ray" if module in RAY_MODULES else module
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Run the Ray modules first (one worker runs them one after another, a long chain that needs no zoo), then the
+    modules that need the quick zoo (the workers that reach them train it, and the longest module, the browser
+    tests, can start as soon as it is there), then the rest; in each group the modules marked `browser` (the
+    longest) first, then by most tests (xdist's own rule, which `RunOrderScheduling` turns off). A module keeps its tests' order. Refuses a module marked `ray` that RAY_MODULES
+    does not list."""
+    module_of = {id(item): item.nodeid.split("::", 1)[0] for item in items}
+    unlisted = sorted({module_of[id(i)] for i in items if i.get_closest_marker("ray")} - set(RAY_MODULES))
+    if unlisted:
+        raise pytest.UsageError(f"{', '.join(unlisted)} marked `ray`: add it to RAY_MODULES in tests/conftest.py")
+    count: dict[str, int] = {}
+    needs_zoo: set[str] = set()
+    browser: set[str] = set()
+    for item in items:
+        module = module_of[id(item)]
+        count[module] = count.get(module, 0) + 1
+        if "quick_zoo" in getattr(item, "fixturenames", ()):
+            needs_zoo.add(module)
+        if item.get_closest_marker("browser"):
+            browser.add(module)
+
+    def module_key(module: str) -> tuple:
+        if module in RAY_MODULES:
+            return (0, RAY_MODULES.index(module))
+        return (1 if module in needs_zoo else 2, module not in browser, -count[module], module)
+
+    items.sort(key=lambda item: module_key(module_of[id(item)]))  # stable: a module's tests keep their order
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(_SESSION_HOME, ignore_errors=True)  # the workers' shared zoo: in pytest's temp folder, pruned to the last 3 runs

@@ -211,7 +211,9 @@ def bench_edges(model: str = "induction-neox", revision: str | None = None, plan
         result["faithfulness"] = {}
         for name, s in curve_scores.items():
             curve = faithfulness_curve(loaded, pair, s, TIMING_ONLY, method=name)
+            # the curve of the top edges by |score| (CMD's) and by signed score (CPR's), MIB's rule
             result["faithfulness"][name] = {"cpr": curve.cpr, "cmd": curve.cmd, "faithfulness": list(curve.faithfulness),
+                                            "faithfulness_signed": list(curve.faithfulness_signed),
                                             "n_edges_kept": list(curve.n_edges_kept)}
         result["faithfulness_fractions"] = list(curve.fractions)
     if shape is not None:

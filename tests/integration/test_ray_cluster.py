@@ -22,6 +22,13 @@ from tests.tiny_models import make_fake_zoo
 pytestmark = pytest.mark.ray  # starts Ray: one such module at a time under xdist (tests/conftest.py)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def no_ray_running(ray_lock):
+    """The code under test starts and stops its own instances: stop one a module before left for the next
+    (tests/conftest.py's `ray_local` starts it again when asked)."""
+    ray.shutdown()
+
+
 def test_bench_sweep_serial_local_and_two_nodes_agree(tmp_path, monkeypatch):
     monkeypatch.setenv("HEADLAB_HOME", str(tmp_path / "home"))
     make_fake_zoo(zoo_dir(), "tiny-neox", "gpt_neox", steps=(0, 10))
