@@ -116,10 +116,32 @@ class Recorder:
         self.model, self.handles, self.z_hooks = None, [], None  # the record keeps tensors, not the model (CleanRuns)
 
 
-def replay_block(model: Any, recorder: Recorder, layer: int, resid: torch.Tensor) -> torch.Tensor:
-    """Block `layer` run on resid [row, pos, d_model] (the recorded rows, or rows they broadcast to) with the call
-    arguments the recorded forward gave it (attention mask, rotary embeddings, ...): its output residual."""
+def fit_batch(value: Any, rows: int, index: torch.Tensor | None, repeat: int) -> Any:
+    """Adapt a recorded tensor argument with batch dim `rows` to `index` rows repeated `repeat` times.
+
+    One-row tensors broadcast as they are (the recorder made those with equal rows one row: one_row_if_uniform).
+    """
+    if isinstance(value, tuple):
+        return tuple(fit_batch(v, rows, index, repeat) for v in value)
+    if isinstance(value, list):
+        return [fit_batch(v, rows, index, repeat) for v in value]
+    # batch-shaped arguments (masks, position ids) are at least 2-D; 1-D ones (cache_position) are per position
+    if not isinstance(value, torch.Tensor) or value.ndim < 2 or value.shape[0] != rows or rows == 1:
+        return value
+    picked = value if index is None else value[index]
+    return picked if repeat == 1 else picked.repeat(repeat, *([1] * (picked.ndim - 1)))
+
+
+def replay_block(model: Any, recorder: Recorder, layer: int, resid: torch.Tensor, rows: int | None = None,
+                 index: torch.Tensor | None = None, repeat: int = 1) -> torch.Tensor:
+    """Block `layer` run on resid [row, pos, d_model] with the call arguments the recorded forward gave it (attention
+    mask, rotary embeddings, ...): its output residual. With `rows` (the recorded batch's), the batch-shaped
+    arguments are first fitted to `index` rows repeated `repeat` times (fit_batch); without, resid has the recorded
+    rows or rows they broadcast to."""
     args, kwargs = recorder.calls[layer]
+    if rows is not None:
+        args = fit_batch(args, rows, index, repeat)
+        kwargs = {key: fit_batch(value, rows, index, repeat) for key, value in kwargs.items()}
     out = model.blocks[layer](resid, *args, **kwargs)
     return out[0] if isinstance(out, tuple) else out
 

@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXAttention, GPTNeoXLayer, rotate_half
 
-from core.ablation.clean_run import CleanRuns, Recorder, adds_attention_to_residual, fits_clean_run
+from core.ablation.clean_run import CleanRuns, Recorder, adds_attention_to_residual, fit_batch, fits_clean_run, replay_block
 from core.ablation.replacements import Replacements, ablation_hooks, compute_replacements, replaced_hook_names
 from core.ablation.spec import PROBE_MODES, SEQUENCE_MODES, Ablation, ConditionMetrics
 from core.stats.metrics import query_metrics
@@ -120,22 +120,6 @@ class AblationCancelled(HeadLabError):
     """Raised when the app's cancel() callback asks the engine to stop."""
 
 
-def _fit_batch(value: Any, rows: int, index: torch.Tensor | None, repeat: int) -> Any:
-    """Adapt a recorded tensor argument with batch dim `rows` to `index` rows repeated `repeat` times.
-
-    One-row tensors broadcast as they are (the recorder made those with equal rows one row: one_row_if_uniform).
-    """
-    if isinstance(value, tuple):
-        return tuple(_fit_batch(v, rows, index, repeat) for v in value)
-    if isinstance(value, list):
-        return [_fit_batch(v, rows, index, repeat) for v in value]
-    # batch-shaped arguments (masks, position ids) are at least 2-D; 1-D ones (cache_position) are per position
-    if not isinstance(value, torch.Tensor) or value.ndim < 2 or value.shape[0] != rows or rows == 1:
-        return value
-    picked = value if index is None else value[index]
-    return picked if repeat == 1 else picked.repeat(repeat, *([1] * (picked.ndim - 1)))
-
-
 def run_tail(model: Any, recorder: Recorder, start: int, resid: torch.Tensor, rows: int, index, repeat: int,
               query_pos: torch.Tensor, last_mlp_at_query: bool = False,
               last_attention_at_query: bool = False) -> torch.Tensor:
@@ -162,14 +146,11 @@ def run_tail(model: Any, recorder: Recorder, start: int, resid: torch.Tensor, ro
         handle = model.blocks[n_layers - 1].mlp.register_forward_pre_hook(query_rows_only, with_kwargs=True)
     try:
         for layer in range(start, n_layers):
-            args, kwargs = recorder.calls[layer]
-            args = _fit_batch(args, rows, index, repeat)
-            kwargs = {key: _fit_batch(value, rows, index, repeat) for key, value in kwargs.items()}
             if query_block and layer == n_layers - 1:
+                kwargs = {key: fit_batch(value, rows, index, repeat) for key, value in recorder.calls[layer][1].items()}
                 picked = _neox_block_at_query(_neox_layer(model, layer), x, kwargs, rows_index, query_pos)
                 return model.unembed(model.ln_final(picked))[:, 0, :]
-            out = model.blocks[layer](x, *args, **kwargs)
-            x = out[0] if isinstance(out, tuple) else out
+            x = replay_block(model, recorder, layer, x, rows, index, repeat)
     finally:
         if handle is not None:
             handle.remove()
