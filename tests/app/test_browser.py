@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -50,17 +51,18 @@ class ServerURL(str):
         return made
 
 
-@pytest.fixture(scope="module")
-def server(quick_zoo):
-    """The app served by `streamlit run` with the project's .streamlit/config.toml against the test
-    HEADLAB_HOME, as `make app` serves it; yields its base URL (a ServerURL)."""
+@contextmanager
+def served_app(log_name: str):
+    """The app served by `streamlit run` with the project's .streamlit/config.toml against the test HEADLAB_HOME,
+    as `make app` serves it, for the with-block: its base URL (a ServerURL); the server's output goes to
+    test-output/LOG_NAME. Skips without Debian's chromium or Playwright."""
     if not CHROMIUM.exists():
         pytest.skip("the browser test drives Debian's chromium at /usr/bin/chromium, which is not installed "
                     "(`make test` installs it as root; it is never downloaded)")
     pytest.importorskip("playwright.sync_api", reason="pip playwright is not installed in this environment")
     port = free_port()
     SHOTS.mkdir(parents=True, exist_ok=True)
-    with open(SHOTS.parent / "streamlit-server.log", "wb") as log:
+    with open(SHOTS.parent / log_name, "wb") as log:
         proc = serve_app(port, log)
         try:
             yield ServerURL(f"http://127.0.0.1:{port}", proc.pid)
@@ -68,14 +70,29 @@ def server(quick_zoo):
             stop_app(proc)
 
 
-@pytest.fixture(scope="module")
-def browser(server):
-    from playwright.sync_api import sync_playwright  # optional: the server fixture skips when it is missing
+@contextmanager
+def launched_chromium():
+    """Debian's chromium driven by Playwright, for the with-block (call after `served_app`, which skips without it)."""
+    from playwright.sync_api import sync_playwright  # optional: served_app skips when it is missing
 
     with sync_playwright() as pw:
         chromium = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture(scope="module")
+def server(quick_zoo):
+    with served_app("streamlit-server.log") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser(server):
+    with launched_chromium() as chromium:
         yield chromium
-        chromium.close()
 
 
 @pytest.fixture()

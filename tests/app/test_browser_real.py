@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from core.bench.screen import CHROMIUM, free_port, serve_app, stop_app
 from core.workspace import zoo_dir
-from tests.app.test_browser import CHROMIUM_ARGS, SHOTS, ServerURL, assert_no_exception, screenshot, wait_until_idle
+from tests.app.test_browser import assert_no_exception, launched_chromium, screenshot, served_app, wait_until_idle
 
 pytestmark = [pytest.mark.browser]
 
@@ -51,30 +50,17 @@ def real_zoo(request) -> Path:
 
 @pytest.fixture(scope="module")
 def server(real_zoo):
-    if not CHROMIUM.exists():
-        pytest.skip("the browser test drives Debian's chromium at /usr/bin/chromium, which is not installed")
-    pytest.importorskip("playwright.sync_api", reason="pip playwright is not installed in this environment")
-    port = free_port()
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with open(SHOTS.parent / "streamlit-server-real.log", "wb") as log:
-        proc = serve_app(port, log)
-        try:
-            yield ServerURL(f"http://127.0.0.1:{port}", proc.pid)
-        finally:
-            stop_app(proc)
+    with served_app("streamlit-server-real.log") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
 def tab(server):
-    from playwright.sync_api import sync_playwright  # optional: the server fixture skips when it is missing
-
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+    with launched_chromium() as chromium:
         context = chromium.new_context(viewport={"width": 1440, "height": 1000}, device_scale_factor=1)
         page = context.new_page()
         page.set_default_timeout(600_000)
         yield page
-        chromium.close()
 
 
 def test_every_page_opens_on_smollm2_without_an_error(server, tab):
