@@ -27,6 +27,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 _SESSION_HOME = Path(tempfile.mkdtemp(prefix="headlab-test-home-"))
 os.environ["HEADLAB_HOME"] = str(_SESSION_HOME)
+# Ray starts its worker processes at nice 15: beside the other xdist workers (nice 0) a Ray test's tasks got a sliver
+# of the two cores (test_zoo_ray's three 20-step models: 25 s alone, 167 s in the suite). Every Ray instance a test
+# starts (ray_local, the sweep benchmark's local one and its two-node cluster) reads this at its start.
+os.environ["RAY_worker_niceness"] = "0"
 
 XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if XDIST_WORKERS > 1:
