@@ -215,11 +215,12 @@ class RunOrderScheduling(LoadScopeScheduling):
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """The run's order, for the two cores' sake. The modules that need the quick zoo come first, one per worker: each
-    worker that reaches one trains a share of the zoo (its longest model, induction-neox, is the run's critical path;
-    with a worker on other work it took 600 s instead of about 330), and the longest module, the browser tests,
-    starts first. Then the Ray modules (one unit, a long chain), then the other zoo modules, then the rest; in each
-    group the modules marked `browser` first, then by most tests (xdist's own rule, which `RunOrderScheduling` turns
-    off). A module keeps its tests' order. Refuses a module marked `ray` that RAY_MODULES does not list."""
+    worker that reaches one trains a share of the zoo (its longest model, induction-neox, is the run's critical
+    path; a run that put the Ray unit first left two workers to train it, and it took 600 s), and the longest
+    module, the browser tests, starts first. Then the Ray modules (one unit, a long chain), then the other zoo
+    modules, then the rest; in each group the modules marked `browser` first, then by most tests (xdist's own rule,
+    which `RunOrderScheduling` turns off). A module keeps its tests' order. Refuses a module marked `ray` that
+    RAY_MODULES does not list."""
     module_of = {id(item): item.nodeid.split("::", 1)[0] for item in items}
     unlisted = sorted({module_of[id(i)] for i in items if i.get_closest_marker("ray")} - set(RAY_MODULES))
     if unlisted:
