@@ -83,6 +83,18 @@ def launched_chromium():
             chromium.close()
 
 
+@contextmanager
+def opened_tab(chromium):
+    """A new tab at 1440 x 1000 (device scale 1, so screenshots match), waiting up to LONG_MS, for the with-block."""
+    context = chromium.new_context(viewport={"width": 1440, "height": 1000}, device_scale_factor=1)
+    tab = context.new_page()
+    tab.set_default_timeout(LONG_MS)
+    try:
+        yield tab
+    finally:
+        context.close()
+
+
 @pytest.fixture(scope="module")
 def server(quick_zoo):
     with served_app("streamlit-server.log") as url:
@@ -97,11 +109,8 @@ def browser(server):
 
 @pytest.fixture()
 def page(browser):
-    context = browser.new_context(viewport={"width": 1440, "height": 1000}, device_scale_factor=1)
-    tab = context.new_page()
-    tab.set_default_timeout(LONG_MS)
-    yield tab
-    context.close()
+    with opened_tab(browser) as tab:
+        yield tab
 
 
 def wait_until_idle(tab, title: str) -> None:

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from core.workspace import zoo_dir
-from tests.app.test_browser import assert_no_exception, launched_chromium, screenshot, served_app, wait_until_idle
+from tests.app.test_browser import (assert_no_exception, launched_chromium, opened_tab, screenshot, served_app,
+                                    wait_until_idle)
 
 pytestmark = [pytest.mark.browser]
 
@@ -56,10 +57,7 @@ def server(real_zoo):
 
 @pytest.fixture(scope="module")
 def tab(server):
-    with launched_chromium() as chromium:
-        context = chromium.new_context(viewport={"width": 1440, "height": 1000}, device_scale_factor=1)
-        page = context.new_page()
-        page.set_default_timeout(600_000)
+    with launched_chromium() as chromium, opened_tab(chromium) as page:
         yield page
 
 
