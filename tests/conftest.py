@@ -1,26 +1,32 @@
-"""Test-session setup: a temporary HEADLAB_HOME, and the quick zoo trained once per session.
+"""Test-session setup: a temporary HEADLAB_HOME, and the quick zoo trained once per session (tests/suite_zoo.py).
 
 Set HEADLAB_TEST_ZOO to a HEADLAB_HOME that already holds a trained quick zoo to reuse it
-(its zoo folder is copied, never written); otherwise the quick zoo is trained (about 5 minutes).
+(its zoo folder is copied, never written); otherwise the quick zoo is trained (about 7 CPU-minutes).
 
 `make test` runs the suite on pytest-xdist workers (`-n 3 --dist loadfile` on 2 cores): a test module runs
 whole on one worker (its module fixtures are made once), each worker has its own HEADLAB_HOME and its
 share of the cores as torch threads, the modules marked `ray` run one at a time
-(`one_ray_module_at_a_time`), and the workers split the quick zoo's training between them
-(`_train_shared_quick_zoo`).
+(`one_ray_module_at_a_time`). The controller starts training the quick zoo in a process of its own at once
+(`pytest_sessionstart`), while the workers, at a lower priority, run the modules that need no zoo first
+(`pytest_collection_modifyitems`); a worker that reaches a zoo module trains what nobody has taken and waits
+for the rest (`quick_zoo`).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 import torch
-from filelock import FileLock, Timeout
+from filelock import FileLock
 from xdist.scheduler import LoadScopeScheduling
+
+from tests.suite_zoo import is_complete, train_shared
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,6 +44,12 @@ if XDIST_WORKERS > 1:
     # (docs/performance.md, "Threads on a shared machine"); each worker gets its share of them (at least one).
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // XDIST_WORKERS))
 SHARED_ZOO = "quick-zoo"  # beside the workers' own temp folders: trained once, copied into each home
+# The workers run at this niceness and the controller's zoo trainer at 0, so that the trainer keeps about one of
+# the two cores: its first model, induction-neox (about 5 CPU-minutes at its fixed one thread), is what every zoo
+# module waits for. At equal priority the three workers left it a third of the machine.
+WORKER_NICENESS = 5
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.nice(WORKER_NICENESS)
 # The modules that start Ray: one unit of work, run on one worker in this order (test_ray_cluster starts and stops
 # its own instances, so it goes before the modules that share `ray_local`'s). A module marked `ray` is listed here.
 RAY_MODULES = ("tests/integration/test_ray_cluster.py", "tests/integration/test_ablation_ray.py",
@@ -56,19 +68,19 @@ def torch_threads_restored():
 
 @pytest.fixture(scope="session")
 def quick_zoo(tmp_path_factory) -> Path:
-    """The zoo folder holding the trained quick preset (trained here unless HEADLAB_TEST_ZOO is set)."""
-    from core.zoo.presets import train_zoo
+    """The zoo folder holding the trained quick preset (trained here unless HEADLAB_TEST_ZOO is set). Under xdist it
+    is trained once, into a folder beside the workers' temp folders, by the controller's background trainer and by
+    the workers that need it first, and copied into each worker's zoo (tests may change their copy)."""
     from core.workspace import zoo_dir
 
-    reuse = os.environ.get("HEADLAB_TEST_ZOO")
     target = zoo_dir()
+    reuse = os.environ.get("HEADLAB_TEST_ZOO")
     if reuse:
         _copy_models(Path(reuse) / "zoo", target)
-    if XDIST_WORKERS > 1 and not _quick_zoo_complete(target):
-        shared = tmp_path_factory.getbasetemp().parent / SHARED_ZOO
-        _train_shared_quick_zoo(shared)
-        _copy_models(shared, target)
-    train_zoo("quick", progress=False)  # trains what is missing (all of it on a single process)
+    if not is_complete(target):
+        shared = (tmp_path_factory.getbasetemp().parent if XDIST_WORKERS > 1 else tmp_path_factory.getbasetemp())
+        train_shared(shared / SHARED_ZOO)
+        _copy_models(shared / SHARED_ZOO, target)
     return target
 
 
@@ -77,48 +89,6 @@ def _copy_models(source: Path, target: Path) -> None:
     for model_dir in source.iterdir():
         if model_dir.is_dir() and not (target / model_dir.name).exists():
             shutil.copytree(model_dir, target / model_dir.name)
-
-
-def _quick_zoo_complete(folder: Path) -> bool:
-    from core.model.refs import read_manifest
-    from core.zoo.presets import preset_entries
-
-    manifests = [read_manifest(folder / name, missing_ok=True) for name, _, _ in preset_entries("quick")]
-    return all(m and m.get("complete") for m in manifests)
-
-
-def _train_shared_quick_zoo(shared: Path) -> None:
-    """Train the quick zoo into `shared`, split between the xdist workers: each model is trained by
-    the first worker to take its lock, at the zoo's fixed thread count (the weights do not follow the
-    worker's count, so they are `make app`'s). A worker that needs the zoo
-    trains every model nobody has taken, then waits for the others (and resumes any that a failed
-    worker left unfinished)."""
-    from core.model.refs import read_manifest
-    from core.executor import run_task
-    from core.zoo.presets import ZOO_THREADS_PER_MODEL, preset_entries
-    from core.zoo.train import train_model
-
-    shared.mkdir(parents=True, exist_ok=True)
-
-    def train_if_missing(name, model_cfg, train_cfg) -> None:
-        manifest = read_manifest(shared / name, missing_ok=True)
-        if not (manifest and manifest.get("complete")):
-            run_task(train_model, (name, model_cfg, train_cfg, shared / name), {"progress": False}, ZOO_THREADS_PER_MODEL)
-
-    entries = preset_entries("quick")
-    for entry in entries:  # first pass: the models no other worker has taken
-        lock = FileLock(shared / f"{entry[0]}.lock")
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            continue
-        try:
-            train_if_missing(*entry)
-        finally:
-            lock.release()
-    for entry in entries:  # second pass: wait for the rest
-        with FileLock(shared / f"{entry[0]}.lock"):
-            train_if_missing(*entry)
 
 
 REAL_SMOLLM2 = "smollm2-135m"
@@ -214,13 +184,11 @@ class RunOrderScheduling(LoadScopeScheduling):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """The run's order, for the two cores' sake. The modules that need the quick zoo come first, one per worker: each
-    worker that reaches one trains a share of the zoo (its longest model, induction-neox, is the run's critical
-    path; a run that put the Ray unit first left two workers to train it, and it took 600 s), and the longest
-    module, the browser tests, starts first. Then the Ray modules (one unit, a long chain), then the other zoo
-    modules, then the rest; in each group the modules marked `browser` first, then by most tests (xdist's own rule,
-    which `RunOrderScheduling` turns off). A module keeps its tests' order. Refuses a module marked `ray` that
-    RAY_MODULES does not list."""
+    """The run's order, for the two cores' sake. The modules that need no zoo come first, while the controller's
+    trainer trains the zoo (`pytest_sessionstart`): the Ray modules (one unit, the longest chain), then the others;
+    then the modules that need the zoo. In each group the modules marked `browser` first (the longest), then by
+    most tests (xdist's own rule, which `RunOrderScheduling` turns off). A module keeps its tests' order. Refuses a
+    module marked `ray` that RAY_MODULES does not list."""
     module_of = {id(item): item.nodeid.split("::", 1)[0] for item in items}
     unlisted = sorted({module_of[id(i)] for i in items if i.get_closest_marker("ray")} - set(RAY_MODULES))
     if unlisted:
@@ -241,10 +209,51 @@ def pytest_collection_modifyitems(config, items):
 
     zoo = by_size(needs_zoo)
     ray = [module for module in RAY_MODULES if module in count]
-    order = zoo[:XDIST_WORKERS] + ray + zoo[XDIST_WORKERS:] + by_size(set(count) - needs_zoo - set(ray))
+    order = ray + by_size(set(count) - needs_zoo - set(ray)) + zoo
     rank = {module: index for index, module in enumerate(order)}
     items.sort(key=lambda item: rank[module_of[id(item)]])  # stable: a module's tests keep their order
 
 
+# ------------------------------------------------------------------ the zoo trainer in the background
+
+
+ZOO_TRAINER = pytest.StashKey[subprocess.Popen]()
+
+
+def pytest_sessionstart(session):
+    """Under xdist, the controller starts training the quick zoo at once, in a process of its own
+    (`python -m tests.suite_zoo`, at the controller's niceness: the workers run below it), into the folder the
+    workers' `quick_zoo` trains and waits in. Only when the run selects a zoo module and no trained zoo is
+    reused; the process's output goes to suite-zoo.log beside that folder."""
+    config = session.config
+    if hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("dsession"):
+        return
+    if os.environ.get("HEADLAB_TEST_ZOO") or not _selects_zoo_modules(config):
+        return
+    base = config._tmp_path_factory.getbasetemp()  # the workers' temp folders are made inside it
+    (base / SHARED_ZOO).mkdir(parents=True, exist_ok=True)
+    with open(base / "suite-zoo.log", "wb") as log:
+        config.stash[ZOO_TRAINER] = subprocess.Popen([sys.executable, "-m", "tests.suite_zoo", str(base / SHARED_ZOO)],
+                                                     cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _selects_zoo_modules(config) -> bool:
+    """Whether the run's paths hold a test module that uses the quick_zoo fixture (and `-m` does not leave zoo
+    tests out): a textual look at the files, since the controller collects nothing itself."""
+    if "not zoo" in (config.getoption("markexpr") or ""):
+        return False
+    for arg in config.args or [str(REPO_ROOT / "tests")]:
+        path = Path(arg.split("::", 1)[0])
+        path = path if path.is_absolute() else Path(config.invocation_params.dir) / path
+        files = sorted(path.rglob("test_*.py")) if path.is_dir() else [path]
+        if any(f.is_file() and "quick_zoo" in f.read_text(errors="replace") for f in files):
+            return True
+    return False
+
+
 def pytest_sessionfinish(session, exitstatus):
+    trainer = session.config.stash.get(ZOO_TRAINER, None)
+    if trainer is not None and trainer.poll() is None:  # a run that ended before the zoo did (-x, a failure)
+        trainer.terminate()
+        trainer.wait()
     shutil.rmtree(_SESSION_HOME, ignore_errors=True)  # the workers' shared zoo: in pytest's temp folder, pruned to the last 3 runs

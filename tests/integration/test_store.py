@@ -20,6 +20,7 @@ from core.probe import HEADSTATS_KIND, HEADSTATS_VERSION, HeadStats, head_stats,
 from core.store import CorruptCacheEntryWarning, cache_key, canonical_json, entry_path, get_or_compute, load_entry, save_entry
 from core.tasks.specs import probe_spec
 from core.workspace import zoo_dir
+from tests.integration.store_racer import example_tensors, race
 from tests.tiny_models import make_fake_zoo, save_tiny_model
 
 
@@ -32,11 +33,6 @@ def home(tmp_path, monkeypatch):
 
 def _key(revision="step1", **extra):
     return cache_key("test", "model-a", revision, {"task": "induction", "n": 4}, "v1", extra)
-
-
-def _tensors(seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return {"a": torch.randn(3, 4, generator=gen), "b": torch.arange(5), "c": torch.rand(2, generator=gen).half()}
 
 
 def _leftovers(key):
@@ -83,28 +79,28 @@ def test_entry_layout(home):
 def test_round_trip():
     key = _key()
     assert load_entry(key) is None
-    folder = save_entry(key, _tensors(), {"model": "model-a", "n": [1, 2]})
+    folder = save_entry(key, example_tensors(), {"model": "model-a", "n": [1, 2]})
     assert sorted(p.name for p in folder.iterdir()) == ["meta.json", "tensors.safetensors"]
     tensors, meta = load_entry(key)
     assert meta == {"model": "model-a", "n": [1, 2]}
-    for name, value in _tensors().items():
+    for name, value in example_tensors().items():
         assert tensors[name].dtype == value.dtype and torch.equal(tensors[name], value)
     assert _leftovers(key) == []
 
 
 def test_existing_entry_is_kept():
     key = _key()
-    save_entry(key, _tensors(0), {"who": "first"})
-    save_entry(key, _tensors(1), {"who": "second"})
+    save_entry(key, example_tensors(0), {"who": "first"})
+    save_entry(key, example_tensors(1), {"who": "second"})
     tensors, meta = load_entry(key)
-    assert meta["who"] == "first" and torch.equal(tensors["a"], _tensors(0)["a"])
+    assert meta["who"] == "first" and torch.equal(tensors["a"], example_tensors(0)["a"])
     assert _leftovers(key) == []
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "garbage-meta", "missing-tensors", "wrong-key"])
 def test_corrupt_entry_is_reported_removed_and_recomputed(damage):
     key = _key()
-    folder = save_entry(key, _tensors(), {"ok": True})
+    folder = save_entry(key, example_tensors(), {"ok": True})
     tensors_file, meta_file = folder / "tensors.safetensors", folder / "meta.json"
     if damage == "truncate":
         tensors_file.write_bytes(tensors_file.read_bytes()[:40])
@@ -125,12 +121,12 @@ def test_corrupt_entry_is_reported_removed_and_recomputed(damage):
     assert not folder.exists() and _leftovers(key) == []
 
     # the next request recomputes and stores a good entry again
-    save_entry(key, _tensors(), {"ok": True})
+    save_entry(key, example_tensors(), {"ok": True})
     calls = []
     tensors_file.write_bytes(b"x")  # corrupt again
     with pytest.warns(CorruptCacheEntryWarning):
-        tensors, meta = get_or_compute(key, lambda: (calls.append(1), (_tensors(), {"ok": "recomputed"}))[1])
-    assert calls == [1] and meta == {"ok": "recomputed"} and torch.equal(tensors["a"], _tensors()["a"])
+        tensors, meta = get_or_compute(key, lambda: (calls.append(1), (example_tensors(), {"ok": "recomputed"}))[1])
+    assert calls == [1] and meta == {"ok": "recomputed"} and torch.equal(tensors["a"], example_tensors()["a"])
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # now clean: no warning
         assert load_entry(key)[1] == {"ok": "recomputed"}
@@ -142,7 +138,7 @@ def test_get_or_compute_computes_once():
 
     def compute():
         calls.append(1)
-        return _tensors(), {"n": len(calls)}
+        return example_tensors(), {"n": len(calls)}
 
     first = get_or_compute(key, compute)
     second = get_or_compute(key, compute)
@@ -180,32 +176,21 @@ def test_losing_the_race_keeps_the_winner(monkeypatch):
         real_fsync_dir(path)
         if not state["raced"] and path.name.endswith(".tmp"):
             state["raced"] = True
-            save_entry(key, _tensors(7), {"who": "winner"})  # the competitor completes first
+            save_entry(key, example_tensors(7), {"who": "winner"})  # the competitor completes first
 
     monkeypatch.setattr(store, "_fsync_dir", fsync_then_competitor_finishes)
-    save_entry(key, _tensors(0), {"who": "loser"})
+    save_entry(key, example_tensors(0), {"who": "loser"})
     assert state["raced"]
     tensors, meta = load_entry(key)
-    assert meta == {"who": "winner"} and torch.equal(tensors["a"], _tensors(7)["a"])
+    assert meta == {"who": "winner"} and torch.equal(tensors["a"], example_tensors(7)["a"])
     assert _leftovers(key) == []
-
-
-def _racer(home, keys, seed, barrier, results):
-    """One process: for each key, save its own tensors at the same moment as the other process."""
-    os.environ["HEADLAB_HOME"] = home  # read when the cache folder is first asked for, not at import
-    for key in keys:
-        tensors = _tensors(seed)
-        barrier.wait()
-        save_entry(key, tensors, {"writer": seed})
-        loaded = load_entry(key)
-        results.put((key, None if loaded is None else loaded[1]["writer"]))
 
 
 def test_concurrent_writers_do_not_corrupt(home):
     ctx = multiprocessing.get_context("spawn")  # fresh interpreters: no state shared with this one
     keys = [_key(f"race{i}") for i in range(4)]
     barrier, results = ctx.Barrier(2), ctx.Queue()
-    procs = [ctx.Process(target=_racer, args=(str(home), keys, seed, barrier, results)) for seed in (1, 2)]
+    procs = [ctx.Process(target=race, args=(str(home), keys, seed, barrier, results)) for seed in (1, 2)]
     for p in procs:
         p.start()
     seen: dict[str, set] = {key: set() for key in keys}
@@ -220,7 +205,7 @@ def test_concurrent_writers_do_not_corrupt(home):
             warnings.simplefilter("error")  # a corrupt entry would warn
             tensors, meta = load_entry(key)
         assert seen[key] == {meta["writer"]}  # both processes read the single winner
-        assert torch.equal(tensors["a"], _tensors(meta["writer"])["a"])
+        assert torch.equal(tensors["a"], example_tensors(meta["writer"])["a"])
         assert _leftovers(key) == []
 
 
