@@ -184,13 +184,15 @@ class RunOrderScheduling(LoadScopeScheduling):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """The run's order, for the two cores' sake. First the two longest modules that need the zoo (the browser
-    modules): their workers train whatever models the controller's trainer (`pytest_sessionstart`) has not taken,
-    wait for the rest, and start them as soon as the zoo is there; a long zoo module started later would end the
-    run alone on the machine. Then the modules that need no zoo, which the third worker starts at once: the Ray
-    modules (one unit, the longest chain), then the others; then the other zoo modules. In each group the modules
-    marked `browser` first (the longest), then by most tests (xdist's own rule, which `RunOrderScheduling` turns
-    off). A module keeps its tests' order. Refuses a module marked `ray` that RAY_MODULES does not list."""
+    """The run's order, for the two cores' sake. First the longest module that needs the zoo (a browser module):
+    its worker trains whatever models the controller's trainer (`pytest_sessionstart`) has not taken, waits for
+    the rest, and starts the module as soon as the zoo is there, so that it does not end the run alone on the
+    machine. Then the modules that need no zoo, which the other workers start at once while the zoo trains: the
+    Ray modules (one unit, the longest chain), then the others; then the other zoo modules. In each group the
+    modules marked `browser` first (the longest), then by most tests (xdist's own rule, which `RunOrderScheduling`
+    turns off). A module keeps its tests' order. Refuses a module marked `ray` that RAY_MODULES does not list.
+    (Both browser modules first, leaving one worker for the zoo-free modules, measured slower: 941 s against 814 s
+    of pytest.)"""
     module_of = {id(item): item.nodeid.split("::", 1)[0] for item in items}
     unlisted = sorted({module_of[id(i)] for i in items if i.get_closest_marker("ray")} - set(RAY_MODULES))
     if unlisted:
@@ -211,8 +213,7 @@ def pytest_collection_modifyitems(config, items):
 
     zoo = by_size(needs_zoo)
     ray = [module for module in RAY_MODULES if module in count]
-    first = zoo[:XDIST_WORKERS - 1]  # one worker is left for the zoo-free modules
-    order = first + ray + by_size(set(count) - needs_zoo - set(ray)) + zoo[len(first):]
+    order = zoo[:1] + ray + by_size(set(count) - needs_zoo - set(ray)) + zoo[1:]
     rank = {module: index for index, module in enumerate(order)}
     items.sort(key=lambda item: rank[module_of[id(item)]])  # stable: a module's tests keep their order
 
