@@ -163,21 +163,6 @@ def ray_local(ray_lock):
 
 # ------------------------------------------------------------------ the run's order
 
-# Seconds the slowest modules took in a suite run with the zoo reused (3 workers on 2 cores, 2026-12-06), for the
-# order only: the longest go first (a long module started last ends the run alone). A module not listed counts a
-# tenth of a second per test; a module that grows long belongs here.
-MODULE_SECONDS = {
-    "tests/app/test_browser_flows.py": 330, "tests/app/test_browser.py": 251, "tests/integration/test_ray_cluster.py": 200,
-    "tests/app/test_browser_real.py": 187, "tests/integration/test_screen_zoo.py": 134, "tests/app/test_app.py": 100,
-    "tests/integration/test_coactivation.py": 74, "tests/integration/test_ablation_ray.py": 72,
-    "tests/integration/test_proposers.py": 63, "tests/integration/test_ray_sweep.py": 60, "tests/test_bad_inputs.py": 56,
-    "tests/integration/test_store.py": 45, "tests/integration/test_figures.py": 44, "tests/integration/test_memory.py": 33,
-    "tests/integration/test_replicate.py": 33, "tests/integration/test_bench_load.py": 31,
-    "tests/integration/test_benchmark.py": 26, "tests/app/test_app_coactivation.py": 25,
-    "tests/integration/test_precision.py": 23, "tests/integration/test_edges.py": 21, "tests/integration/test_train.py": 21,
-    "tests/app/test_app_precision.py": 20,
-}
-
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
@@ -199,27 +184,32 @@ class RunOrderScheduling(LoadScopeScheduling):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """The run's order, for the two cores' sake. First the longest module that needs the zoo: its worker trains
-    whatever models the controller's trainer (`pytest_sessionstart`) has not taken, waits for the rest, and starts
-    the module as soon as the zoo is there, so that it does not end the run alone on the machine. Then the modules
-    that need no zoo, which the other workers start at once while the zoo trains: the Ray modules (one unit, the
-    longest chain), then the others; then the other zoo modules. In each group the longest first (MODULE_SECONDS),
-    so that short modules fill the end. A module keeps its tests' order. Refuses a module marked `ray` that
-    RAY_MODULES does not list."""
+    """The run's order, for the two cores' sake. First the longest module that needs the zoo (a browser module):
+    its worker trains whatever models the controller's trainer (`pytest_sessionstart`) has not taken, waits for
+    the rest, and starts the module as soon as the zoo is there, so that it does not end the run alone on the
+    machine. Then the modules that need no zoo, which the other workers start at once while the zoo trains: the
+    Ray modules (one unit, the longest chain), then the others; then the other zoo modules. In each group the
+    modules marked `browser` first (the longest), then by most tests (xdist's own rule, which `RunOrderScheduling`
+    turns off). A module keeps its tests' order. Refuses a module marked `ray` that RAY_MODULES does not list.
+    (Both browser modules first, leaving one worker for the zoo-free modules, measured slower: 941 s against 814 s
+    of pytest.)"""
     module_of = {id(item): item.nodeid.split("::", 1)[0] for item in items}
     unlisted = sorted({module_of[id(i)] for i in items if i.get_closest_marker("ray")} - set(RAY_MODULES))
     if unlisted:
         raise pytest.UsageError(f"{', '.join(unlisted)} marked `ray`: add it to RAY_MODULES in tests/conftest.py")
     count: dict[str, int] = {}
     needs_zoo: set[str] = set()
+    browser: set[str] = set()
     for item in items:
         module = module_of[id(item)]
         count[module] = count.get(module, 0) + 1
         if "quick_zoo" in getattr(item, "fixturenames", ()):
             needs_zoo.add(module)
+        if item.get_closest_marker("browser"):
+            browser.add(module)
 
     def by_size(modules) -> list[str]:
-        return sorted(modules, key=lambda module: (-MODULE_SECONDS.get(module, count[module] / 10), module))
+        return sorted(modules, key=lambda module: (module not in browser, -count[module], module))
 
     zoo = by_size(needs_zoo)
     ray = [module for module in RAY_MODULES if module in count]
