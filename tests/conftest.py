@@ -45,7 +45,7 @@ if XDIST_WORKERS > 1:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // XDIST_WORKERS))
 SHARED_ZOO = "quick-zoo"  # beside the workers' own temp folders: trained once, copied into each home
 # The workers run at this niceness and the controller's zoo trainer at 0, so that the trainer keeps about one of
-# the two cores: its first model, induction-neox (about 5 CPU-minutes at its fixed one thread), is what every zoo
+# the two cores: its first model, induction-neox (260 s of training at its fixed one thread), is what every zoo
 # module waits for. At equal priority the three workers left it a third of the machine.
 WORKER_NICENESS = 5
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -191,8 +191,8 @@ def pytest_collection_modifyitems(config, items):
     Ray modules (one unit, the longest chain), then the others; then the other zoo modules. In each group the
     modules marked `browser` first (the longest), then by most tests (xdist's own rule, which `RunOrderScheduling`
     turns off). A module keeps its tests' order. Refuses a module marked `ray` that RAY_MODULES does not list.
-    (Both browser modules first, leaving one worker for the zoo-free modules, measured slower: 941 s against 814 s
-    of pytest.)"""
+    (Both browser modules first, leaving one worker for the zoo-free modules, took 941 s of pytest in its one run;
+    this order took 814 s and, in a second run, 1022 s: the machine's speed varies as much as the order does.)"""
     module_of = {id(item): item.nodeid.split("::", 1)[0] for item in items}
     unlisted = sorted({module_of[id(i)] for i in items if i.get_closest_marker("ray")} - set(RAY_MODULES))
     if unlisted:

@@ -27,24 +27,27 @@ def suite_zoo_entries() -> list[tuple]:
     return sorted(preset_entries("quick"), key=lambda entry: entry[0] != "induction-neox")
 
 
-def is_complete(folder: Path) -> bool:
-    """Every model of the quick zoo is trained in `folder`."""
+def _trained(folder: Path, name: str) -> bool:
+    """Model `name` is trained to its end in `folder` (its manifest says complete)."""
     from core.model.refs import read_manifest
 
-    manifests = [read_manifest(folder / name, missing_ok=True) for name, _, _ in suite_zoo_entries()]
-    return all(m and m.get("complete") for m in manifests)
+    manifest = read_manifest(folder / name, missing_ok=True)
+    return bool(manifest and manifest.get("complete"))
+
+
+def is_complete(folder: Path) -> bool:
+    """Every model of the quick zoo is trained in `folder`."""
+    return all(_trained(folder, name) for name, _, _ in suite_zoo_entries())
 
 
 def _train_if_missing(folder: Path, name, model_cfg, train_cfg) -> None:
     """Train one model into folder/name at the zoo's fixed thread count (its weights do not follow the process's
     count), unless it is complete there (resuming one a stopped process left)."""
     from core.executor import run_task
-    from core.model.refs import read_manifest
     from core.zoo.presets import ZOO_THREADS_PER_MODEL
     from core.zoo.train import train_model
 
-    manifest = read_manifest(folder / name, missing_ok=True)
-    if not (manifest and manifest.get("complete")):
+    if not _trained(folder, name):
         run_task(train_model, (name, model_cfg, train_cfg, folder / name), {"progress": False}, ZOO_THREADS_PER_MODEL)
 
 
