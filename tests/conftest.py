@@ -6,10 +6,10 @@ Set HEADLAB_TEST_ZOO to a HEADLAB_HOME that already holds a trained quick zoo to
 `make test` runs the suite on pytest-xdist workers (`-n 3 --dist loadfile` on 2 cores): a test module runs
 whole on one worker (its module fixtures are made once), each worker has its own HEADLAB_HOME and its
 share of the cores as torch threads, the modules marked `ray` run one at a time
-(`one_ray_module_at_a_time`). The controller starts training the quick zoo in a process of its own at once
-(`pytest_sessionstart`), while the workers, at a lower priority, run the modules that need no zoo first
-(`pytest_collection_modifyitems`); a worker that reaches a zoo module trains what nobody has taken and waits
-for the rest (`quick_zoo`).
+(`one_ray_module_at_a_time`). The controller starts two zoo trainers at once (`pytest_sessionstart`): one
+takes induction-neox, the longest model, the other the rest. The workers, at a lower priority, run the modules
+that need no zoo first (`pytest_collection_modifyitems`); a worker that reaches a zoo module waits for the
+zoo (`quick_zoo`).
 """
 
 from __future__ import annotations
@@ -44,10 +44,11 @@ if XDIST_WORKERS > 1:
     # (docs/performance.md, "Threads on a shared machine"); each worker gets its share of them (at least one).
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // XDIST_WORKERS))
 SHARED_ZOO = "quick-zoo"  # beside the workers' own temp folders: trained once, copied into each home
-# The workers run at this niceness and the controller's zoo trainer at 0, so that the trainer keeps about one of
-# the two cores: its first model, induction-neox (260 s of training at its fixed one thread), is what every zoo
-# module waits for. At equal priority the three workers left it a third of the machine.
-WORKER_NICENESS = 5
+# The workers run at this niceness and the controller's two zoo trainers at 0, so that the trainers keep most of the
+# two cores until the zoo is there: the first model, induction-neox (315 s of training at its fixed one thread on an
+# AMD EPYC), is what every zoo module waits for. At nice 5 the three workers left the trainers two thirds of a core
+# each; the workers' modules need no zoo and fill what the trainers leave.
+WORKER_NICENESS = 10
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.nice(WORKER_NICENESS)
 # The modules that start Ray: one unit of work, run on one worker in this order (test_ray_cluster starts and stops
@@ -69,8 +70,8 @@ def torch_threads_restored():
 @pytest.fixture(scope="session")
 def quick_zoo(tmp_path_factory) -> Path:
     """The zoo folder holding the trained quick preset (trained here unless HEADLAB_TEST_ZOO is set). Under xdist it
-    is trained once, into a folder beside the workers' temp folders, by the controller's background trainer and by
-    the workers that need it first, and copied into each worker's zoo (tests may change their copy)."""
+    is trained once, into a folder beside the workers' temp folders, by the controller's background trainers (and
+    by a worker, should it find a model nobody has taken), and copied into each worker's zoo (tests may change their copy)."""
     from core.workspace import zoo_dir
 
     target = zoo_dir()
@@ -184,15 +185,11 @@ class RunOrderScheduling(LoadScopeScheduling):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """The run's order, for the two cores' sake. First the longest module that needs the zoo (a browser module):
-    its worker trains whatever models the controller's trainer (`pytest_sessionstart`) has not taken, waits for
-    the rest, and starts the module as soon as the zoo is there, so that it does not end the run alone on the
-    machine. Then the modules that need no zoo, which the other workers start at once while the zoo trains: the
-    Ray modules (one unit, the longest chain), then the others; then the other zoo modules. In each group the
-    modules marked `browser` first (the longest), then by most tests (xdist's own rule, which `RunOrderScheduling`
-    turns off). A module keeps its tests' order. Refuses a module marked `ray` that RAY_MODULES does not list.
-    (Both browser modules first, leaving one worker for the zoo-free modules, took 941 s of pytest in its one run;
-    this order took 814 s and, in a second run, 1022 s: the machine's speed varies as much as the order does.)"""
+    """The run's order, for the two cores' sake. First the modules that need no zoo, which the workers run while
+the controller's trainers (`pytest_sessionstart`) train it: the Ray modules (one unit, the longest chain), then
+the others; then the modules that need the zoo. In each group the modules marked `browser` first (the longest),
+then by most tests (xdist's own rule, which `RunOrderScheduling` turns off). A module keeps its tests' order.
+Refuses a module marked `ray` that RAY_MODULES does not list."""
     module_of = {id(item): item.nodeid.split("::", 1)[0] for item in items}
     unlisted = sorted({module_of[id(i)] for i in items if i.get_closest_marker("ray")} - set(RAY_MODULES))
     if unlisted:
@@ -213,22 +210,24 @@ def pytest_collection_modifyitems(config, items):
 
     zoo = by_size(needs_zoo)
     ray = [module for module in RAY_MODULES if module in count]
-    order = zoo[:1] + ray + by_size(set(count) - needs_zoo - set(ray)) + zoo[1:]
+    order = ray + by_size(set(count) - needs_zoo - set(ray)) + zoo
     rank = {module: index for index, module in enumerate(order)}
     items.sort(key=lambda item: rank[module_of[id(item)]])  # stable: a module's tests keep their order
 
 
-# ------------------------------------------------------------------ the zoo trainer in the background
+# ------------------------------------------------------------------ the zoo trainers in the background
 
 
-ZOO_TRAINER = pytest.StashKey[subprocess.Popen]()
+ZOO_TRAINERS = pytest.StashKey[list]()
+N_ZOO_TRAINERS = 2  # one per core: induction-neox on one, the three shorter models one after the other on the other
 
 
 def pytest_sessionstart(session):
-    """Under xdist, the controller starts training the quick zoo at once, in a process of its own
+    """Under xdist, the controller starts training the quick zoo at once, in N_ZOO_TRAINERS processes of its own
     (`python -m tests.suite_zoo`, at the controller's niceness: the workers run below it), into the folder the
-    workers' `quick_zoo` trains and waits in. Only when the run selects a zoo module and no trained zoo is
-    reused; the process's output goes to suite-zoo.log beside that folder."""
+    workers' `quick_zoo` waits in: each takes the next model nobody holds the lock of, induction-neox first. Only
+    when the run selects a zoo module and no trained zoo is reused; their output goes to suite-zoo-N.log beside
+    that folder."""
     config = session.config
     if hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("dsession"):
         return
@@ -236,9 +235,12 @@ def pytest_sessionstart(session):
         return
     base = config._tmp_path_factory.getbasetemp()  # the workers' temp folders are made inside it
     (base / SHARED_ZOO).mkdir(parents=True, exist_ok=True)
-    with open(base / "suite-zoo.log", "wb") as log:
-        config.stash[ZOO_TRAINER] = subprocess.Popen([sys.executable, "-m", "tests.suite_zoo", str(base / SHARED_ZOO)],
-                                                     cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
+    trainers = []
+    for index in range(N_ZOO_TRAINERS):
+        with open(base / f"suite-zoo-{index}.log", "wb") as log:
+            trainers.append(subprocess.Popen([sys.executable, "-m", "tests.suite_zoo", str(base / SHARED_ZOO)],
+                                             cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT))
+    config.stash[ZOO_TRAINERS] = trainers
 
 
 def _selects_zoo_modules(config) -> bool:
@@ -256,8 +258,8 @@ def _selects_zoo_modules(config) -> bool:
 
 
 def pytest_sessionfinish(session, exitstatus):
-    trainer = session.config.stash.get(ZOO_TRAINER, None)
-    if trainer is not None and trainer.poll() is None:  # a run that ended before the zoo did (-x, a failure)
-        trainer.terminate()
-        trainer.wait()
+    for trainer in session.config.stash.get(ZOO_TRAINERS, []):
+        if trainer.poll() is None:  # a run that ended before the zoo did (-x, a failure)
+            trainer.terminate()
+            trainer.wait()
     shutil.rmtree(_SESSION_HOME, ignore_errors=True)  # the workers' shared zoo: in pytest's temp folder, pruned to the last 3 runs

@@ -1,13 +1,14 @@
 """The quick zoo the test suite trains, and how its training is shared between the suite's processes.
 
 The suite trains the quick preset exactly as `python -m core zoo --preset quick` (what `make app` trains) does:
-test_tour.py checks the README tour's circuits and verdict on its induction-neox, and the "Gradient vs causal"
+test_screen_zoo.py checks the README tour's circuits and verdict on its induction-neox, and the "Gradient vs causal"
 tests need reverse-hhg's out-of-distribution accuracy, which a shorter run does not reach. Each model is trained
 by the first process to take its lock, at the zoo's fixed thread count, into one folder that every test process
 copies from.
 
 `python -m tests.suite_zoo FOLDER` trains, one after the other, every model no other process has taken yet
-(the process tests/conftest.py starts in the background at the session's start); `train_shared` also waits
+(what each of the processes tests/conftest.py starts in the background at the session's start runs: two of them
+share the four models); `train_shared` also waits
 for the models others are training (what a test process does before its first zoo test).
 """
 

@@ -1,5 +1,6 @@
 """An ablation study over workers that hold the model, on a real local Ray instance (2 CPUs, started once
-for this module): the same numbers as the serial study, a killed worker restarted and its chunk rerun,
+for this module): the same numbers as the serial study (`ablate --backend ray` too), a killed worker restarted
+and its chunk rerun,
 a chunk failing twice reported by name; and the streaming order (the candidate first, every condition once)."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from core.executor import RayExecutor, SerialExecutor, SweepFailed, WorkerPool
 from core.heads import HeadSet
 from core.model.loading import load_model
 from core.model.refs import ModelRef
+from core.pipelines.recipe import ablate
 from core.stats.inference import METRICS
 from core.tasks.induction import InductionProbeSpec
 from core.workspace import zoo_dir
@@ -104,6 +106,20 @@ def _assert_same(got, want) -> None:
     assert {k: v.to_json() for k, v in got.verdicts.items()} == {k: v.to_json() for k, v in want.verdicts.items()}
     assert got.notes == want.notes and got.provenance == want.provenance
     assert got.control_sets == want.control_sets and got.selection == want.selection
+
+
+def test_ablate_on_ray_workers_equals_ablate_here(ray_local, ref):
+    """`ablate --backend ray`: the pipeline starts workers that hold the checkpoint on the running instance and
+    fans the conditions out over them; the same numbers as `ablate` in this process, at the workers' one thread.
+    First in the module: `ray_pool`'s workers, once made, hold both of the instance's CPUs."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        here = ablate(ref, None, SELECTION, SPEC, SETTINGS)
+    finally:
+        torch.set_num_threads(before)
+    _assert_same(ablate(ref, None, SELECTION, SPEC, SETTINGS, executor=RayExecutor()), here)
+    assert here.provenance["revision"] == REVISION
 
 
 def test_a_study_over_ray_workers_equals_the_serial_study_bit_for_bit(ray_pool, ref, serial):

@@ -1,4 +1,4 @@
-"""Steps 1-2 on the quick zoo's models, cross-checked against independent head scores.
+"""Steps 1-3 on the quick zoo's models, cross-checked against independent head scores and the README tour.
 
 The independent scores use TransformerLens's own head-detector detection patterns
 (`get_previous_token_head_detection_pattern` etc., applied to token sequences directly, since
@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -266,10 +267,16 @@ def test_screen_cli_writes_json_and_second_probe_is_cached(quick_zoo, tmp_path):
     assert probe.stdout.count("cached") == len(data["checkpoints"])
 
 
-def test_recipe_finds_a_causal_circuit_and_composition(quick_zoo):
+@pytest.fixture(scope="module")
+def recipe(quick_zoo) -> dict:
+    """`python -m core recipe induction-neox` (20 matched draws): what the README's tour runs."""
+    return run_recipe(ModelRef.parse(MODEL), probe_spec("induction"), n_controls=20)
+
+
+def test_recipe_finds_a_causal_circuit_and_composition(recipe):
     """Issue 4 on the quick zoo: the screened circuit is causal against 20 matched draws, the upper
     bound saturates, and ablating the previous-token circuit also breaks induction."""
-    out = run_recipe(ModelRef.parse(MODEL), probe_spec("induction"), n_controls=20)
+    out = recipe
     assert out["verdict"]["label"] == "causal"
     metrics = out["candidate"]["summary"]["metrics"]
     assert metrics["loss"]["candidate_delta"] > max(out["candidate"]["result"]["stats"]["loss"]["control_deltas"])
@@ -278,3 +285,28 @@ def test_recipe_finds_a_causal_circuit_and_composition(quick_zoo):
     composition = out["composition"]["summary"]["metrics"]
     assert composition["top1"]["candidate_delta"] < -0.5 * composition["top1"]["clean"]
     assert composition["loss"]["z"] > 1.8
+
+
+# The README tour's key claims (its steps 1-3): the zoo's weights depend on the CPU's float kernels (docs/zoo.md),
+# and the same code and seed trained other heads on an AMD EPYC (AVX2) than on the Intel Xeon (AVX-512) the
+# README's figures come from, so the tour is recorded once per CPU seen, and the suite's zoo must reproduce every
+# claim of one of them. CPU -> its `python -m core recipe induction-neox --json` output:
+MEASUREMENTS = Path(__file__).resolve().parents[2] / "docs" / "measurements"
+TOURS = {"Intel Xeon (AVX-512), the README's": MEASUREMENTS / "tour-recipe.json",
+         "AMD EPYC (AVX2)": MEASUREMENTS / "tour-recipe-avx2.json"}
+
+
+def tour_claims(recipe_run: dict) -> dict:
+    """What the README's tour claims of a recipe run: circuits, the spectral top six as a set, the verdict."""
+    found = recipe_run["screen"]
+    return {"candidate circuit": found["candidate_circuit"], "previous-token circuit": found["previous_token_circuit"],
+            "spectral top six": sorted(found["top_k_spectral"][:6]),
+            "ablated selection": recipe_run["candidate"]["summary"]["selection"], "verdict": recipe_run["verdict"]["label"]}
+
+
+def test_the_quick_zoo_gives_one_recorded_tour(recipe):
+    recorded = {cpu: tour_claims(json.loads(path.read_text())) for cpu, path in TOURS.items()}
+    assert {claims["verdict"] for claims in recorded.values()} == {"causal"}
+    got = tour_claims(recipe)
+    assert got in recorded.values(), f"this CPU's quick zoo gives {got}; the recorded tours: {recorded}"
+    assert len(got["spectral top six"]) == 6
