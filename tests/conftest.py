@@ -44,13 +44,15 @@ if XDIST_WORKERS > 1:
     # (docs/performance.md, "Threads on a shared machine"); each worker gets its share of them (at least one).
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // XDIST_WORKERS))
 SHARED_ZOO = "quick-zoo"  # beside the workers' own temp folders: trained once, copied into each home
-# The workers run at this niceness and the controller's two zoo trainers at 0, so that the trainers keep most of the
-# two cores until the zoo is there: the first model, induction-neox (315 s of training at its fixed one thread on an
-# AMD EPYC), is what every zoo module waits for. At nice 5 the three workers left the trainers two thirds of a core
-# each; the workers' modules need no zoo and fill what the trainers leave.
+# The workers run their tests at this niceness and the controller's two zoo trainers at 0, so that the trainers keep
+# most of the two cores until the zoo is there: the first model, induction-neox (315 s of training at its fixed one
+# thread on an AMD EPYC), is what every zoo module waits for. At nice 5 the three workers left the trainers two
+# thirds of a core each; the modules the workers start with need no zoo and fill what the trainers leave. Each
+# worker collects the tests (imports every test module: torch, TransformerLens, Streamlit) at nice 0 first: at nice
+# 10 beside the trainers that took four minutes (`pytest_collection_finish`).
 WORKER_NICENESS = 10
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    os.nice(WORKER_NICENESS)
+
+
 # The modules that start Ray: one unit of work, run on one worker in this order (test_ray_cluster starts and stops
 # its own instances, so it goes before the modules that share `ray_local`'s). A module marked `ray` is listed here.
 RAY_MODULES = ("tests/integration/test_ray_cluster.py", "tests/integration/test_ablation_ray.py",
@@ -213,6 +215,12 @@ Refuses a module marked `ray` that RAY_MODULES does not list."""
     order = ray + by_size(set(count) - needs_zoo - set(ray)) + zoo
     rank = {module: index for index, module in enumerate(order)}
     items.sort(key=lambda item: rank[module_of[id(item)]])  # stable: a module's tests keep their order
+
+
+def pytest_collection_finish(session):
+    """A worker lowers its priority once it has collected the tests (see WORKER_NICENESS)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.nice(WORKER_NICENESS)
 
 
 # ------------------------------------------------------------------ the zoo trainers in the background

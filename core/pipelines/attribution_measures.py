@@ -34,6 +34,7 @@ from core.tasks.sequences import (
     SEQ_VOCAB_SIZE,
     check_task,
     choose_ood_length,
+    exact_match_one_pass,
     make_sequence_batch,
 )
 
@@ -193,28 +194,6 @@ def bridge_logits_fn(model: Any) -> Callable[[torch.Tensor], torch.Tensor]:
     return run
 
 
-@torch.no_grad()
-def greedy_exact_match_per_example(
-    logits_fn: Callable[[torch.Tensor], torch.Tensor], task: str, length: int, n_examples: int, seed: int, batch_size: int = 256,
-) -> torch.Tensor:
-    """Per example, whether greedy decoding yields exactly y1..yn END: [example] bool, in one pass.
-
-    The same examples and the same answer as `sequences.exact_match_per_example`, n+1 times cheaper:
-    greedy decoding of a causal model feeds back its own argmax, which equals the true answer prefix
-    until its first error, so the decode is exact iff the argmax at every answer position of the
-    teacher-forced sequence is right (the logits at a position depend only on the tokens up to it;
-    per-position mean ablation keeps that).
-    """
-    tokens, loss_mask = make_sequence_batch(task, int(length), int(n_examples), int(seed))  # [example, 2n+3]
-    inputs, targets, scored = tokens[:, :-1], tokens[:, 1:], loss_mask[:, :-1]  # [example, 2n+2]
-    out = []
-    for start in range(0, inputs.shape[0], int(batch_size)):
-        rows = slice(start, start + int(batch_size))
-        predicted = logits_fn(inputs[rows]).argmax(dim=-1).cpu()  # [rows, 2n+2]
-        out.append(((predicted == targets[rows]) | ~scored[rows]).all(dim=1))
-    return torch.cat(out)
-
-
 def pick_ood_length(
     logits_fn: Callable[[torch.Tensor], torch.Tensor], task: str, n_examples: int, seed: int,
     ood_length: int | None = None, band: tuple[float, float] = OOD_ACCURACY_BAND,
@@ -228,7 +207,7 @@ def pick_ood_length(
     if ood_length is not None:
         ood_length = check_ood_length(ood_length)
         lengths = sorted(set(lengths) | {ood_length})
-    accuracy = {n: float(greedy_exact_match_per_example(logits_fn, task, n, n_examples, seed).double().mean()) for n in lengths}
+    accuracy = {n: float(exact_match_one_pass(logits_fn, task, n, n_examples, seed).double().mean()) for n in lengths}
     if ood_length is None:
         chosen = choose_ood_length(accuracy, *band)
         if chosen is None:
@@ -370,7 +349,7 @@ class AccuracyUnderAblation:
 
     def accuracy(self, components: Sequence[str]) -> float:
         fn = ablated_logits_fn(self.model, _ablation_of(components, self.mode), self.replacements)
-        return float(greedy_exact_match_per_example(fn, self.task, self.length, self.n_examples, self.seed).double().mean())
+        return float(exact_match_one_pass(fn, self.task, self.length, self.n_examples, self.seed).double().mean())
 
     def damage(self, components: Sequence[str]) -> float:
         """Clean accuracy minus the accuracy with `components` ablated together."""

@@ -166,6 +166,28 @@ def exact_match_per_example(
     return torch.cat(correct)
 
 
+@torch.no_grad()
+def exact_match_one_pass(
+    logits_fn: LogitsFn, task: str, length: int, n_examples: int, seed: int, batch_size: int = 256
+) -> torch.Tensor:
+    """Per example, whether greedy decoding yields exactly y1..yn END: [example] bool, in one pass.
+
+    The same examples and the same answer as `exact_match_per_example`, n+1 times cheaper:
+    greedy decoding of a causal model feeds back its own argmax, which equals the true answer prefix
+    until its first error, so the decode is exact iff the argmax at every answer position of the
+    teacher-forced sequence is right (the logits at a position depend only on the tokens up to it;
+    per-position mean ablation keeps that).
+    """
+    tokens, loss_mask = make_sequence_batch(task, int(length), int(n_examples), int(seed))  # [example, 2n+3]
+    inputs, targets, scored = tokens[:, :-1], tokens[:, 1:], loss_mask[:, :-1]  # [example, 2n+2]
+    out = []
+    for start in range(0, inputs.shape[0], int(batch_size)):
+        rows = slice(start, start + int(batch_size))
+        predicted = logits_fn(inputs[rows]).argmax(dim=-1).cpu()  # [rows, 2n+2]
+        out.append(((predicted == targets[rows]) | ~scored[rows]).all(dim=1))
+    return torch.cat(out)
+
+
 def exact_match_accuracy(
     logits_fn: LogitsFn, task: str, length: int, n_examples: int, seed: int, batch_size: int = 256
 ) -> float:

@@ -16,7 +16,7 @@ import torch
 from core.heads import head_name
 from core.tasks import duplicate, mixture, token_repeats
 from core.tasks.induction import InductionProbeSpec
-from core.tasks.sequences import OOD_LENGTHS, TRAIN_LENGTHS, exact_match_accuracy
+from core.tasks.sequences import OOD_LENGTHS, TRAIN_LENGTHS, exact_match_one_pass
 from core.zoo.config import INDUCTION_TASKS, ModelConfig, TrainConfig
 
 INDUCTION_SCORE = 0.3  # prefix-matching score above which a head counts as an induction head
@@ -149,11 +149,11 @@ def induction_head_summary(prefix: torch.Tensor) -> dict:
 
 @torch.no_grad()
 def evaluate_sequences(model, task: str, lengths, n_examples: int, seed: int) -> dict[int, float]:
-    """Greedy exact-match accuracy per length: {length: accuracy}."""
+    """Greedy exact-match accuracy per length: {length: accuracy} (in one teacher-forced pass per batch)."""
     was_training = model.training
     model.eval()
     fn = logits_fn_of(model)
-    out = {int(n): exact_match_accuracy(fn, task, int(n), n_examples, seed) for n in lengths}
+    out = {int(n): float(exact_match_one_pass(fn, task, int(n), n_examples, seed).double().mean()) for n in lengths}
     model.train(was_training)
     return out
 

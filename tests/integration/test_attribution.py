@@ -242,19 +242,19 @@ def test_one_pass_exact_match_equals_greedy_decoding(trained_folder, bridge):
     clean and under a mean ablation (whose means cover every position)."""
     from core.ablation.engine import ablated_logits_fn
     from core.ablation.replacements import compute_replacements
-    from core.tasks.sequences import exact_match_per_example
+    from core.tasks.sequences import exact_match_one_pass, exact_match_per_example
 
     model = load_hf(trained_folder)
     clean_fn = lambda t: model(t).logits  # noqa: E731
     for length in (1, 2):
-        fast = measures.greedy_exact_match_per_example(clean_fn, "reverse", length, 120, 7, batch_size=50)
+        fast = exact_match_one_pass(clean_fn, "reverse", length, 120, 7, batch_size=50)
         slow = exact_match_per_example(clean_fn, "reverse", length, 120, 7)
         assert torch.equal(fast, slow)
         assert length == 2 or 0 < int(slow.sum()) < 120  # length 1: some right, some wrong
     ablation = measures._ablation_of(["L0H1", "L1MLP"], "mean")
     tokens, _ = make_sequence_batch("reverse", 1, 120, 7)
     fn = ablated_logits_fn(bridge, ablation, compute_replacements(bridge, tokens, ablation))
-    fast = measures.greedy_exact_match_per_example(fn, "reverse", 1, 120, 7)
+    fast = exact_match_one_pass(fn, "reverse", 1, 120, 7)
     slow = exact_match_per_example(fn, "reverse", 1, 120, 7)
     assert torch.equal(fast, slow) and int(slow.sum()) < int(exact_match_per_example(clean_fn, "reverse", 1, 120, 7).sum())
 
