@@ -53,6 +53,14 @@ SHARED_ZOO = "quick-zoo"  # beside the workers' own temp folders: trained once, 
 WORKER_NICENESS = 10
 
 
+# The modules that take the longest CPU time (seconds of the pytest worker's own CPU and its children's, measured in
+# a whole run on an AMD EPYC): each group of the run's order starts with them. test_precision.py, run last by test
+# count, once ended a run alone for 70 s.
+LONG_MODULES = {"tests/integration/test_screen_zoo.py": 78, "tests/integration/test_precision.py": 70,
+                "tests/integration/test_proposers.py": 47, "tests/app/test_app.py": 38,
+                "tests/integration/test_coactivation.py": 36, "tests/test_bad_inputs.py": 29,
+                "tests/integration/test_benchmark.py": 26, "tests/integration/test_bench_load.py": 26,
+                "tests/app/test_app_precision.py": 25, "tests/integration/test_memory.py": 24}
 # The modules that start Ray: one unit of work, run on one worker in this order (test_ray_cluster starts and stops
 # its own instances, so it goes before the modules that share `ray_local`'s). A module marked `ray` is listed here.
 RAY_MODULES = ("tests/integration/test_ray_cluster.py", "tests/integration/test_ablation_ray.py",
@@ -190,7 +198,8 @@ def pytest_collection_modifyitems(config, items):
     """The run's order, for the two cores' sake. First the modules that need no zoo, which the workers run while
 the controller's trainers (`pytest_sessionstart`) train it: the Ray modules (one unit, the longest chain), then
 the others; then the modules that need the zoo. In each group the modules marked `browser` first (the longest),
-then by most tests (xdist's own rule, which `RunOrderScheduling` turns off). A module keeps its tests' order.
+then the LONG_MODULES by their CPU time, then by most tests (xdist's own rule, which `RunOrderScheduling` turns
+off): the longest first, so that no long module ends the run alone. A module keeps its tests' order.
 Refuses a module marked `ray` that RAY_MODULES does not list."""
     module_of = {id(item): item.nodeid.split("::", 1)[0] for item in items}
     unlisted = sorted({module_of[id(i)] for i in items if i.get_closest_marker("ray")} - set(RAY_MODULES))
@@ -208,7 +217,8 @@ Refuses a module marked `ray` that RAY_MODULES does not list."""
             browser.add(module)
 
     def by_size(modules) -> list[str]:
-        return sorted(modules, key=lambda module: (module not in browser, -count[module], module))
+        return sorted(modules, key=lambda module: (module not in browser, -LONG_MODULES.get(module, 0), -count[module],
+                                                   module))
 
     zoo = by_size(needs_zoo)
     ray = [module for module in RAY_MODULES if module in count]

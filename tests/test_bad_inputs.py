@@ -180,6 +180,10 @@ CLI_CASES = [  # (id, argv with {tmp} for a scratch folder holding a-file, what 
     ("bench dtype --pairs 0", ["bench", "dtype", "--models", MODEL, "--pairs", "0"], "--pairs is 0; give a whole number"),
     ("bench ablation --threads 0", ["bench", "ablation", "--threads", "0"], "--threads is 0; give a whole number"),
     ("bench screen --dtype int8", ["bench", "screen", "--dtype", "int8"], "invalid choice: 'int8'"),
+    ("bench screen --url not http", ["bench", "screen", "--model", MODEL, "--url", "ftp://127.0.0.1:8501"],
+     "--url 'ftp://127.0.0.1:8501' is not an http:// address"),
+    ("bench screen --url nothing there", ["bench", "screen", "--model", MODEL, "--url", "http://127.0.0.1:9"],
+     "no HeadLab app answers at http://127.0.0.1:9: start it with `make app`"),
     ("bench scale --n 0", ["bench", "scale", "--n", "0"], "--n, --repeats, --chunk-size and --controls take whole numbers"),
     # issue 42 item 4: bench edges against exact patching of a sample of edges
     ("bench edges --sample-edges 2", ["bench", "edges", "--model", MODEL, "--sample-edges", "2"], "--sample-edges is 2"),

@@ -7,7 +7,8 @@ study, as a user's next click). In the page, a MutationObserver notes when the c
 ("Running: ...") and the verdict appear, against the click's own timestamp; the browser, the server
 and the study all share this machine's cores, as they do for a user running HeadLab locally. It
 reports each click's times, their medians, and whether every click met issue 16's targets (candidate
-within 1 s, verdict within 3 s). `bench live` times the study alone, in one process.
+within 1 s, verdict within 3 s). `--url` times the clicks in an app already running (`make app`'s, whose
+caches are warm) instead of serving one. `bench live` times the study alone, in one process.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 from core.errors import HeadLabError
@@ -89,9 +92,47 @@ def _settle(tab) -> None:
         tab.wait_for_timeout(1500)
 
 
+def app_url(url: str) -> str:
+    """`url` without a trailing slash, once an app answers there; a HeadLabError saying what to do otherwise."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise HeadLabError(f"--url {url!r} is not an http:// address; give the app's, e.g. http://127.0.0.1:8501")
+    base = url.rstrip("/")
+    try:
+        with urllib.request.urlopen(f"{base}/_stcore/health", timeout=10) as response:
+            if response.status == 200:
+                return base
+    except (OSError, ValueError):  # refused, timed out, not HTTP
+        pass
+    raise HeadLabError(f"no HeadLab app answers at {base}: start it with `make app`, or leave --url out to let the "
+                       "bench serve its own.")
+
+
+@contextmanager
+def _served(url: str | None):
+    """The app's base URL for the with-block: `url` (a running app's, checked), or one served here (stopped after)."""
+    if url is not None:
+        yield url
+        return
+    port = free_port()
+    with tempfile.NamedTemporaryFile("wb", prefix="headlab-bench-screen-", suffix=".log", delete=False) as log:
+        proc = serve_app(port, log)
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            stop_app(proc)
+
+
 def bench_screen(model: str = "induction-neox", revision: str | None = None, heads: str = "L1H1,L1H3,L1H6",
-                 clicks: int = 8, n_examples: int = 256, seq_len: int = 64, dtype: str = "float32") -> dict:
-    """Click-to-screen times [s] of the candidate's preview and of the verdict over `clicks` fresh studies."""
+                 clicks: int = 8, n_examples: int = 256, seq_len: int = 64, dtype: str = "float32",
+                 url: str | None = None) -> dict:
+    """Click-to-screen times [s] of the candidate's preview and of the verdict over `clicks` fresh studies, in an
+    app served here, or in the one running at `url` (which must serve the same HEADLAB_HOME)."""
+    if int(clicks) < 1:
+        raise HeadLabError(f"--clicks must be at least 1, not {clicks}.")
+    ref = ModelRef.parse(model)
+    checkpoint = resolve_checkpoint(ref, revision)  # a clear error for an unknown model before the browser starts
+    url = app_url(url) if url is not None else None
     try:
         from playwright.sync_api import sync_playwright  # optional: only this bench and the browser tests use it
     except ImportError:
@@ -100,41 +141,31 @@ def bench_screen(model: str = "induction-neox", revision: str | None = None, hea
     if not CHROMIUM.exists():
         raise HeadLabError(f"bench screen drives Debian's chromium at {CHROMIUM}, which is missing: `make browser` "
                            "installs it (a browser is never downloaded).")
-    if int(clicks) < 1:
-        raise HeadLabError(f"--clicks must be at least 1, not {clicks}.")
-    ref = ModelRef.parse(model)
-    checkpoint = resolve_checkpoint(ref, revision)  # a clear error for an unknown model before the browser starts
-    port = free_port()
     query = (f"model={ref.name}&revision={checkpoint.revision}&n={int(n_examples)}&seq_len={int(seq_len)}&heads={heads}"
              f"&dtype={dtype}")
     rows: list[dict[str, float]] = []
-    with tempfile.NamedTemporaryFile("wb", prefix="headlab-bench-screen-", suffix=".log", delete=False) as log:
-        proc = serve_app(port, log)
-        try:
-            with sync_playwright() as pw:
-                browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox", "--disable-gpu"])
-                tab = browser.new_context(viewport={"width": 1440, "height": 1000}).new_page()
-                tab.set_default_timeout(600_000)  # a cold first page screens the model's checkpoints
-                tab.goto(f"http://127.0.0.1:{port}/ablation?{query}")
-                tab.get_by_role("heading", name="Ablation lab").first.wait_for()
-                _settle(tab)
-                for i in range(int(clicks)):
-                    seed = tab.locator('input[aria-label="Control seed"]')
-                    seed.fill(str(1000 + i))
-                    seed.press("Enter")
-                    _settle(tab)
-                    tab.evaluate(WATCH)
-                    clicked = tab.evaluate(CLICK)
-                    tab.wait_for_function("() => window.__seen.verdict", polling="raf")
-                    seen = tab.evaluate("() => { window.__watch.disconnect(); return window.__seen; }")
-                    rows.append({"candidate_s": (seen.get("candidate", seen["verdict"]) - clicked) / 1000,
-                                 "verdict_s": (seen["verdict"] - clicked) / 1000})
-                    print(f"click {i + 1}/{clicks}: candidate {rows[-1]['candidate_s']:.2f}s, "
-                          f"verdict {rows[-1]['verdict_s']:.2f}s", flush=True)
-                    _settle(tab)
-                browser.close()
-        finally:
-            stop_app(proc)
+    with _served(url) as base, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox", "--disable-gpu"])
+        tab = browser.new_context(viewport={"width": 1440, "height": 1000}).new_page()
+        tab.set_default_timeout(600_000)  # a cold first page screens the model's checkpoints
+        tab.goto(f"{base}/ablation?{query}")
+        tab.get_by_role("heading", name="Ablation lab").first.wait_for()
+        _settle(tab)
+        for i in range(int(clicks)):
+            seed = tab.locator('input[aria-label="Control seed"]')
+            seed.fill(str(1000 + i))
+            seed.press("Enter")
+            _settle(tab)
+            tab.evaluate(WATCH)
+            clicked = tab.evaluate(CLICK)
+            tab.wait_for_function("() => window.__seen.verdict", polling="raf")
+            seen = tab.evaluate("() => { window.__watch.disconnect(); return window.__seen; }")
+            rows.append({"candidate_s": (seen.get("candidate", seen["verdict"]) - clicked) / 1000,
+                         "verdict_s": (seen["verdict"] - clicked) / 1000})
+            print(f"click {i + 1}/{clicks}: candidate {rows[-1]['candidate_s']:.2f}s, "
+                  f"verdict {rows[-1]['verdict_s']:.2f}s", flush=True)
+            _settle(tab)
+        browser.close()
     candidate = [r["candidate_s"] for r in rows]
     verdict = [r["verdict_s"] for r in rows]
     return {
@@ -144,4 +175,5 @@ def bench_screen(model: str = "induction-neox", revision: str | None = None, hea
         "all_within_targets": max(candidate) <= TARGET_CANDIDATE_S and max(verdict) <= TARGET_VERDICT_S,
         "model": ref.name, "revision": checkpoint.revision, "heads": heads, "clicks": int(clicks),
         "n_examples": int(n_examples), "seq_len": int(seq_len), "dtype": dtype, "cpus": os.cpu_count(),
+        "app": "running at the given URL" if url is not None else "served by the bench",
     }

@@ -177,6 +177,9 @@ def add_bench_screen_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, default=64, help="sequence length T (default 64)")
     parser.add_argument("--dtype", choices=DTYPE_NAMES, default=DEFAULT_DTYPE,
                         help="the precision the app loads the model in (the sidebar's, default float32)")
+    parser.add_argument("--url", default=None,
+                        help="time the clicks in the app already running at this address (e.g. http://127.0.0.1:8501, "
+                             "serving the same HEADLAB_HOME) instead of serving one")
 
 
 def add_bench_sweep_arguments(parser: argparse.ArgumentParser) -> None:

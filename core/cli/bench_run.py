@@ -229,7 +229,8 @@ def cli_bench_scale(args: argparse.Namespace) -> dict:
 
 
 def cli_bench_screen(args: argparse.Namespace) -> dict:
-    result = bench_screen(args.model, args.revision, args.heads, args.clicks, args.n_examples, args.seq_len, args.dtype)
+    result = bench_screen(args.model, args.revision, args.heads, args.clicks, args.n_examples, args.seq_len, args.dtype,
+                          args.url)
     median = result["median_s"]
     print(f"screen bench ({result['model']} {result['revision']}, {result['heads']} vs 20 matched + upper bound, "
           f"N={result['n_examples']}, T={result['seq_len']}, {result['dtype']}, {result['clicks']} clicks): candidate median "

@@ -27,7 +27,6 @@ from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 from transformers.utils import logging as hf_logging
 
 from core.errors import HeadLabError
-from core.model.loading import load_model
 from core.model.refs import MANIFEST, ModelRef, list_zoo, read_manifest, register_gguf_resolver, zoo_model_dir
 from core.results import package_versions
 from core.workspace import atomic_directory, atomic_write_json, zoo_dir
@@ -202,6 +201,10 @@ def _manifest(name: str, config: dict, header: dict, path: Path, sha256: str, so
 
 def _check_loads(folder: Path) -> None:
     """Load the written folder through HeadLab's own loader (config, safetensors checks, bridge)."""
+    # imported here: the loader brings TransformerLens (ten CPU-seconds), and every process that reads a zoo manifest
+    # imports this module (core/model/__init__.py registers it), most never importing a GGUF file
+    from core.model.loading import load_model
+
     load_model(ModelRef(str(folder), "local"))
 
 

@@ -211,12 +211,12 @@ def test_activation_path_and_group_patching_one_after_another(server, page):
 
 
 def test_bench_screen_times_a_click_from_its_own_browser(server, tmp_path):
-    """`python -m core bench screen` serves the app itself and drives its own browser (a process of its
-    own: this module's Playwright is running here) and times one click on the quick zoo; the
-    candidate's preview shows before the verdict. The `server` fixture supplies the zoo and the skips."""
+    """`python -m core bench screen --url` drives its own browser (a process of its own: this module's Playwright
+    is running here) in this module's app and times one click on the quick zoo; the candidate's preview shows
+    before the verdict. (Without --url the bench serves the app with `serve_app`, as this module's `server` does.)"""
     out = tmp_path / "screen.json"
     done = subprocess.run([sys.executable, "-m", "core", "bench", "screen", "--model", MODEL, "--heads", "L1H0,L1H2",
-                           "--clicks", "1", "--n-examples", "32", "--json", str(out)],
+                           "--clicks", "1", "--n-examples", "32", "--url", server, "--json", str(out)],
                           cwd=REPO, env=dict(os.environ), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(out.read_text())
@@ -224,6 +224,7 @@ def test_bench_screen_times_a_click_from_its_own_browser(server, tmp_path):
     assert all(0 < c <= v for c, v in zip(result["candidate_s"], result["verdict_s"]))
     assert result["median_s"]["verdict"] == result["verdict_s"][0]
     assert result["all_within_targets"] == (max(result["candidate_s"]) <= 1.0 and max(result["verdict_s"]) <= 3.0)
+    assert result["app"] == "running at the given URL"
     assert "every click within the targets" in done.stdout
     bad = subprocess.run([sys.executable, "-m", "core", "bench", "screen", "--clicks", "0"], cwd=REPO,
                          env=dict(os.environ), capture_output=True, text=True, timeout=120)

@@ -25,7 +25,7 @@ def test_bench_sweep_serial_local_and_two_nodes_agree(tmp_path, monkeypatch):
     monkeypatch.setenv("HEADLAB_HOME", str(tmp_path / "home"))
     make_fake_zoo(zoo_dir(), "tiny-neox", "gpt_neox", steps=(0, 10))
     make_fake_zoo(zoo_dir(), "tiny-llama", "llama", steps=(0, 10))
-    result = bench_sweep(["tiny-neox", "tiny-llama"], cpus=2, with_cluster=True)
+    result = bench_sweep(["tiny-neox", "tiny-llama"], cpus=1, with_cluster=True)  # 1: one Ray worker less to start
     assert not ray.is_initialized()  # the bench leaves no Ray running
     assert result["checkpoints"] == 4 and result["cluster_nodes"] == 2
     assert result["identical"] is True and result["cluster_identical"] is True

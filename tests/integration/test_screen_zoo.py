@@ -26,8 +26,6 @@ induction models have at most one head above the null floor (induction-neox: 2.5
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +37,7 @@ from transformer_lens.head_detector import (compute_head_attention_similarity_sc
                                             get_induction_head_detection_pattern,
                                             get_previous_token_head_detection_pattern)
 
+from core.__main__ import main
 from core.model.loading import load_model
 from core.model.refs import ModelRef
 from core.pipelines.recipe import ScreenSettings, run_recipe, screen
@@ -253,18 +252,17 @@ def test_agrees_with_transformer_lens_head_detector_over_repeated_tokens(
         assert spearmanr(default[above_floor], theirs[above_floor]).statistic >= 0.8
 
 
-def test_screen_cli_writes_json_and_second_probe_is_cached(quick_zoo, tmp_path):
+def test_screen_cli_writes_json_and_second_probe_is_cached(quick_zoo, tmp_path, capsys):
+    """`python -m core screen`, then `probe` over every checkpoint, in this process (core.__main__.main; the
+    interpreter's own start is tested in tests/unit/test_cli_startup.py)."""
     out = tmp_path / "screen.json"
     small = ["--n", "32"]  # every checkpoint is probed: an eighth of the default probe keeps the test short
-    done = subprocess.run([sys.executable, "-m", "core", "screen", MODEL, "--task", "induction", *small, "--json", str(out)],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
+    assert main(["screen", MODEL, "--task", "induction", *small, "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     assert data["candidate_circuit"] and len(data["spectral"]["pr"]) == len(data["checkpoints"])
-    probe = subprocess.run([sys.executable, "-m", "core", "probe", MODEL, "--all-checkpoints", *small],
-                           capture_output=True, text=True, timeout=600)
-    assert probe.returncode == 0, probe.stderr
-    assert probe.stdout.count("cached") == len(data["checkpoints"])
+    capsys.readouterr()
+    assert main(["probe", MODEL, "--all-checkpoints", *small]) == 0
+    assert capsys.readouterr().out.count("cached") == len(data["checkpoints"])
 
 
 @pytest.fixture(scope="module")
