@@ -180,6 +180,7 @@ CLI_CASES = [  # (id, argv with {tmp} for a scratch folder holding a-file, what 
     ("bench dtype --pairs 0", ["bench", "dtype", "--models", MODEL, "--pairs", "0"], "--pairs is 0; give a whole number"),
     ("bench ablation --threads 0", ["bench", "ablation", "--threads", "0"], "--threads is 0; give a whole number"),
     ("bench screen --dtype int8", ["bench", "screen", "--dtype", "int8"], "invalid choice: 'int8'"),
+    ("bench screen --clicks 0", ["bench", "screen", "--model", MODEL, "--clicks", "0"], "--clicks must be at least 1"),
     ("bench screen --url not http", ["bench", "screen", "--model", MODEL, "--url", "ftp://127.0.0.1:8501"],
      "--url 'ftp://127.0.0.1:8501' is not an http:// address"),
     ("bench screen --url nothing there", ["bench", "screen", "--model", MODEL, "--url", "http://127.0.0.1:9"],

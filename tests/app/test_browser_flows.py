@@ -225,7 +225,4 @@ def test_bench_screen_times_a_click_from_its_own_browser(server, tmp_path):
     assert result["median_s"]["verdict"] == result["verdict_s"][0]
     assert result["all_within_targets"] == (max(result["candidate_s"]) <= 1.0 and max(result["verdict_s"]) <= 3.0)
     assert result["app"] == "running at the given URL"
-    assert "every click within the targets" in done.stdout
-    bad = subprocess.run([sys.executable, "-m", "core", "bench", "screen", "--clicks", "0"], cwd=REPO,
-                         env=dict(os.environ), capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "--clicks must be at least 1" in bad.stderr and "Traceback" not in bad.stderr
+    assert "every click within the targets" in done.stdout  # its bad inputs: tests/test_bad_inputs.py
