@@ -1,7 +1,7 @@
 """Test-session setup: a temporary HEADLAB_HOME, and the quick zoo trained once per session (tests/suite_zoo.py).
 
 Set HEADLAB_TEST_ZOO to a HEADLAB_HOME that already holds a trained quick zoo to reuse it
-(its zoo folder is copied, never written); otherwise the quick zoo is trained (about 7 CPU-minutes).
+(its zoo folder is copied, never written); otherwise the quick zoo is trained (about 9 CPU-minutes on an AMD EPYC).
 
 `make test` runs the suite on pytest-xdist workers (`-n 3 --dist loadfile` on 2 cores): a test module runs
 whole on one worker (its module fixtures are made once), each worker has its own HEADLAB_HOME and its
@@ -81,7 +81,8 @@ def torch_threads_restored():
 def quick_zoo(tmp_path_factory) -> Path:
     """The zoo folder holding the trained quick preset (trained here unless HEADLAB_TEST_ZOO is set). Under xdist it
     is trained once, into a folder beside the workers' temp folders, by the controller's background trainers (and
-    by a worker, should it find a model nobody has taken), and copied into each worker's zoo (tests may change their copy)."""
+    by a worker, should it find a model nobody has taken), and copied into each worker's zoo (tests may change
+    their copy)."""
     from core.workspace import zoo_dir
 
     target = zoo_dir()
@@ -196,11 +197,11 @@ class RunOrderScheduling(LoadScopeScheduling):
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """The run's order, for the two cores' sake. First the modules that need no zoo, which the workers run while
-the controller's trainers (`pytest_sessionstart`) train it: the Ray modules (one unit, the longest chain), then
-the others; then the modules that need the zoo. In each group the modules marked `browser` first (the longest),
-then the LONG_MODULES by their CPU time, then by most tests (xdist's own rule, which `RunOrderScheduling` turns
-off): the longest first, so that no long module ends the run alone. A module keeps its tests' order.
-Refuses a module marked `ray` that RAY_MODULES does not list."""
+    the controller's trainers (`pytest_sessionstart`) train it: the Ray modules (one unit, the longest chain), then
+    the others; then the modules that need the zoo. In each group the modules marked `browser` first (the longest),
+    then the LONG_MODULES by their CPU time, then by most tests (xdist's own rule, which `RunOrderScheduling` turns
+    off): the longest first, so that no long module ends the run alone. A module keeps its tests' order.
+    Refuses a module marked `ray` that RAY_MODULES does not list."""
     module_of = {id(item): item.nodeid.split("::", 1)[0] for item in items}
     unlisted = sorted({module_of[id(i)] for i in items if i.get_closest_marker("ray")} - set(RAY_MODULES))
     if unlisted:

@@ -299,7 +299,8 @@ def tour_claims(recipe_run: dict) -> dict:
     found = recipe_run["screen"]
     return {"candidate circuit": found["candidate_circuit"], "previous-token circuit": found["previous_token_circuit"],
             "spectral top six": sorted(found["top_k_spectral"][:6]),
-            "ablated selection": recipe_run["candidate"]["summary"]["selection"], "verdict": recipe_run["verdict"]["label"]}
+            "ablated selection": recipe_run["candidate"]["summary"]["selection"],
+            "verdict": recipe_run["verdict"]["label"]}
 
 
 def test_the_quick_zoo_gives_one_recorded_tour(recipe):
