@@ -6,10 +6,10 @@ tests need reverse-hhg's out-of-distribution accuracy, which a shorter run does 
 by the first process to take its lock, at the zoo's fixed thread count, into one folder that every test process
 copies from.
 
-`python -m tests.suite_zoo FOLDER` trains, one after the other, every model no other process has taken yet
-(what each of the processes tests/conftest.py starts in the background at the session's start runs: two of them
-share the four models); `train_shared` also waits
-for the models others are training (what a test process does before its first zoo test).
+`python -m tests.suite_zoo FOLDER` trains, one after the other, every model no other process has taken yet: the
+two processes tests/conftest.py starts in the background at the session's start run it and share the four
+models. `train_shared` also waits for the models others are training (what a test process does before its first
+zoo test).
 """
 
 from __future__ import annotations
