@@ -33,6 +33,15 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 _SESSION_HOME = Path(tempfile.mkdtemp(prefix="headlab-test-home-"))
 os.environ["HEADLAB_HOME"] = str(_SESSION_HOME)
+# One cache for the whole run: the controller's, which each xdist worker's home (and so its app servers and CLI
+# subprocesses) links to. Entries are keyed by content (model, weights, probe, dtype) and written atomically
+# (core/store.py; test_store.py races two writers), so a probe of the quick zoo one worker or app server made is
+# read by the others, as one user's processes share one HEADLAB_HOME; a test that counts or corrupts cache entries
+# uses a HEADLAB_HOME of its own.
+_SHARED_CACHE = Path(os.environ.setdefault("HEADLAB_TEST_SHARED_CACHE", str(_SESSION_HOME / "cache")))
+_SHARED_CACHE.mkdir(exist_ok=True)
+if _SHARED_CACHE != _SESSION_HOME / "cache":
+    (_SESSION_HOME / "cache").symlink_to(_SHARED_CACHE, target_is_directory=True)
 # Ray starts its worker processes at nice 15: beside the other xdist workers (nice 0) a Ray test's tasks got a sliver
 # of the two cores (test_zoo_ray's three 20-step models: 25 s alone, 167 s in the suite). Every Ray instance a test
 # starts (ray_local, the sweep benchmark's local one and its two-node cluster) reads this at its start.

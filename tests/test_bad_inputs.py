@@ -17,8 +17,6 @@ import re
 import resource
 import shutil
 import signal
-import subprocess
-import sys
 import time
 import tomllib
 import warnings
@@ -333,13 +331,12 @@ def test_every_page_renders_a_single_checkpoint_model(home, tmp_path):
             assert any("PR-integral left out" in i.value for i in at.info), page
 
 
-def test_progress_bars_outside_a_terminal_print_a_few_whole_lines(home):
-    """A bar written to a pipe: at most 12 lines (start, each tenth, the end), no carriage returns."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HEADLAB_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "core", "probe", MODEL, "--all-checkpoints", *SMALL], cwd=REPO,
-                          env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    ours = [line for line in done.stderr.split("\n") if "probe (serial)" in line]
+def test_progress_bars_outside_a_terminal_print_a_few_whole_lines(home, capsys):
+    """A bar written to a stream that is not a terminal (here pytest's capture, as a pipe or a log file): at most
+    12 lines (start, each tenth, the end), no carriage returns."""
+    status, err = run_cli(["probe", MODEL, "--all-checkpoints", *SMALL], capsys)
+    assert status == 0, err
+    ours = [line for line in err.split("\n") if "probe (serial)" in line]
     assert 2 <= len(ours) <= 12 and not any("\r" in line for line in ours), ours
     assert "2/2" in ours[-1]
     stream = io.StringIO()
