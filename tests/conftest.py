@@ -86,6 +86,17 @@ def torch_threads_restored():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(autouse=True)
+def main_module_restored():
+    """Put back the process's own __main__ after every test. Streamlit's script runner (AppTest) installs a module
+    whose __file__ is the page it ran as sys.modules["__main__"] and leaves it there; a process started later with
+    multiprocessing's "spawn" reruns its parent's __main__ file, so test_store.py's two writers each ran app.py
+    (about 16 CPU-seconds of imports apiece) when an AppTest had run before them on the same worker."""
+    main_module = sys.modules["__main__"]
+    yield
+    sys.modules["__main__"] = main_module
+
+
 @pytest.fixture(scope="session")
 def quick_zoo(tmp_path_factory) -> Path:
     """The zoo folder holding the trained quick preset (trained here unless HEADLAB_TEST_ZOO is set). Under xdist it
