@@ -9,13 +9,12 @@ run on two workers at once.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
+import threading
 
 import pytest
 
+from core.__main__ import main
 from core.model.loading import load_config
 from core.model.refs import ModelRef, list_checkpoints
 from tests.app.test_browser import (LONG_MS, MODEL, QUERY, REPO, assert_no_error, browser, page, screenshot,  # noqa: F401
@@ -210,19 +209,24 @@ def test_activation_path_and_group_patching_one_after_another(server, page):
     screenshot(page, "patching-group-and-path")
 
 
-def test_bench_screen_times_a_click_from_its_own_browser(server, tmp_path):
-    """`python -m core bench screen --url` drives its own browser (a process of its own: this module's Playwright
-    is running here) in this module's app and times one click on the quick zoo; the candidate's preview shows
-    before the verdict. (Without --url the bench serves the app with `serve_app`, as this module's `server` does.)"""
+def test_bench_screen_times_a_click_from_its_own_browser(server, tmp_path, capsys):
+    """`python -m core bench screen --url` (core.__main__.main, in a thread of this process: Playwright's sync API
+    runs one instance per thread, and this module's own runs in the main thread) drives its own browser in this
+    module's app and times one click on the quick zoo; the candidate's preview shows before the verdict. (Without
+    --url the bench serves the app with `serve_app`, as this module's `server` does.)"""
     out = tmp_path / "screen.json"
-    done = subprocess.run([sys.executable, "-m", "core", "bench", "screen", "--model", MODEL, "--heads", "L1H0,L1H2",
-                           "--clicks", "1", "--n-examples", "32", "--url", server, "--json", str(out)],
-                          cwd=REPO, env=dict(os.environ), capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-2000:]
+    argv = ["bench", "screen", "--model", MODEL, "--heads", "L1H0,L1H2", "--clicks", "1", "--n-examples", "32",
+            "--url", server, "--json", str(out)]
+    status: list[int] = []
+    bench = threading.Thread(target=lambda: status.append(main(argv)))
+    bench.start()
+    bench.join(timeout=900)
+    printed = capsys.readouterr()
+    assert status == [0], printed.err[-2000:]
     result = json.loads(out.read_text())
     assert len(result["candidate_s"]) == len(result["verdict_s"]) == 1  # one click: the loop is the same for more
     assert all(0 < c <= v for c, v in zip(result["candidate_s"], result["verdict_s"]))
     assert result["median_s"]["verdict"] == result["verdict_s"][0]
     assert result["all_within_targets"] == (max(result["candidate_s"]) <= 1.0 and max(result["verdict_s"]) <= 3.0)
     assert result["app"] == "running at the given URL"
-    assert "every click within the targets" in done.stdout  # its bad inputs: tests/test_bad_inputs.py
+    assert "every click within the targets" in printed.out  # its bad inputs: tests/test_bad_inputs.py
