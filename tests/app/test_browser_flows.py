@@ -1,9 +1,10 @@
 """End to end in a real browser, the analysis pages' runs: each runs to a result on the quick zoo (a co-activation
-community's closure test, gradient vs causal, proposers vs disposer, form vs function over training), and two of
-them hand heads to the ablation lab; the patching page patches an uploaded probe file and sends a clicked head
-there, then runs activation, path and group patching one after another; `bench screen` times a click from its
-own browser. A module of its own beside test_browser.py (its server, browser and helpers), so that the two halves
-run on two workers at once.
+community's closure test, proposers vs disposer), and both hand heads to the ablation lab; the patching page patches
+an uploaded probe file and sends a clicked head there, then runs activation, path and group patching one after
+another; `bench screen` times a click from its own browser. The gradient-vs-causal and training-dynamics runs are
+checked through AppTest only (test_app_attribution.py, test_app_dynamics.py: the same page scripts and buttons);
+in a browser those pages are opened by test_browser_real.py's walk. A module of its own beside test_browser.py (its
+server, browser and helpers), so that the two halves run on two workers at once.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 
 from core.__main__ import main
 from core.model.loading import load_config
-from core.model.refs import ModelRef, list_checkpoints
+from core.model.refs import ModelRef
 from tests.app.test_browser import (LONG_MS, MODEL, QUERY, REPO, assert_no_error, browser, page, screenshot,  # noqa: F401
                                     server, wait_until_idle)
 
@@ -74,28 +75,6 @@ def test_coactivation_closure_test_and_hand_off_to_the_lab(server, page):
     assert typed.replace(" ", "") == community.replace(" ", "")
 
 
-def test_gradient_vs_causal_analysis_runs(server, page):
-    """Gradient vs causal on the quick zoo's reverse-hhg with 2 OOD batches and 100 evaluation examples."""
-    title = "Gradient vs causal"
-    page.goto(f"{server}/attribution?model=reverse-hhg&n=32")
-    wait_until_idle(page, title)
-    assert_no_error(page)
-    set_number(page, "OOD batches for G", 2, title)
-    page.get_by_text("Evaluation details").first.click()
-    set_number(page, "Evaluation examples per accuracy", 100, title)
-    click_button(page, "attr_run", title)
-    page.locator(".st-key-attr_scatter .js-plotly-plot").first.wait_for(timeout=LONG_MS)
-    wait_until_idle(page, title)
-    assert_no_error(page)
-    labels = " ".join(page.locator('[data-testid="stMetricLabel"]').all_inner_texts())
-    assert "Spearman" in labels and "hidden heroes" in labels, labels
-    assert_one_chart(page, "attr_joint")
-    assert page.locator(".st-key-attr_run button").first.is_disabled()  # the result is kept: not computed twice
-    page.get_by_text("Evaluation details").first.click()  # fold the expander back for the screenshot
-    wait_until_idle(page, title)
-    screenshot(page, "attribution")
-
-
 def test_proposers_vs_disposer_runs_and_hands_a_proposal_to_the_lab(server, page):
     """All four proposers judged by one closure test (5 controls each); a proposal goes to the ablation lab."""
     title = "Proposers vs disposer"
@@ -114,24 +93,6 @@ def test_proposers_vs_disposer_runs_and_hands_a_proposal_to_the_lab(server, page
     wait_until_idle(page, "Ablation lab")
     assert_no_error(page)
     assert re.match(HEAD_LIST, page.locator('input[aria-label="Heads to ablate"]').input_value())
-
-
-def test_training_dynamics_form_vs_function(server, page):
-    """Training dynamics: timing and identification figures, then form vs function at the first and last checkpoint."""
-    title = "Training dynamics"
-    page.goto(f"{server}/dynamics?{QUERY}")
-    wait_until_idle(page, title)
-    assert_no_error(page)
-    for key in ("dyn_timing", "dyn_identification"):
-        assert_one_chart(page, key)
-    set_number(page, "Test every n-th checkpoint (the last always)", len(list_checkpoints(ModelRef.parse(MODEL))), title)
-    run = page.locator(".st-key-dyn_run_form_function button").first
-    assert "at 2 checkpoints" in run.inner_text()
-    click_button(page, "dyn_run_form_function", title)
-    page.locator(".st-key-dyn_form_function .js-plotly-plot").first.wait_for(timeout=LONG_MS)
-    wait_until_idle(page, title)
-    assert_no_error(page)
-    screenshot(page, "dynamics")
 
 
 def test_patching_an_uploaded_probe_file_and_clicking_a_head_into_the_lab(server, page):
