@@ -12,11 +12,12 @@ from core.probe import head_stats, head_stats_key
 from core.store import entry_path
 from core.tasks.specs import probe_spec
 from pages._state import WORKSPACE
-from tests.app.test_app import MODEL, N, T, chart, errors, make_app, open_page
+from tests.app.test_app import MODEL, chart, errors, make_app, open_page
 
 pytestmark = pytest.mark.zoo
 
 SEED = 9173  # a probe no other test measures, so its cache entries are this test's own
+N, T = 8, 32  # the smallest probe the sidebar takes: the page probes every checkpoint, twice (float16, then float32)
 
 
 def test_precision_flows_from_the_sidebar_into_the_cache_and_the_figures(quick_zoo):
@@ -24,7 +25,7 @@ def test_precision_flows_from_the_sidebar_into_the_cache_and_the_figures(quick_z
     final = list_checkpoints(ref)[-1]
     spec = probe_spec("induction", N, T, SEED)
     keys = {d: head_stats_key(ref, final.revision, dict(spec.build().spec), d) for d in ("float32", "float16")}
-    at = open_page(make_app(seed=SEED, dtype="float16", revision=final.revision), "screen")
+    at = open_page(make_app(n=N, seq_len=T, seed=SEED, dtype="float16", revision=final.revision), "screen")
     assert not at.exception, at.exception
     assert errors(at) == []
     assert at.selectbox(key="_w_dtype").value == "float16"
