@@ -4,8 +4,8 @@ Set HEADLAB_TEST_ZOO to a HEADLAB_HOME that already holds a trained quick zoo to
 (its zoo folder is copied, never written); otherwise the quick zoo is trained (about 9 CPU-minutes on an AMD EPYC).
 
 `make test` runs the suite on pytest-xdist workers (`-n 3 --dist loadfile` on 2 cores): a test module runs
-whole on one worker (its module fixtures are made once), each worker has its own HEADLAB_HOME and its
-share of the cores as torch threads, the modules marked `ray` run one at a time
+whole on one worker (its module fixtures are made once), each worker has its own HEADLAB_HOME (with one cache
+for the whole run) and its share of the cores as torch threads, the modules marked `ray` run one at a time
 (`one_ray_module_at_a_time`). The controller starts two zoo trainers at once (`pytest_sessionstart`): one
 takes induction-neox, the longest model, the other the rest. The workers, at a lower priority, run the modules
 that need no zoo first (`pytest_collection_modifyitems`); a worker that reaches a zoo module waits for the
