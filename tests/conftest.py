@@ -66,8 +66,7 @@ WORKER_NICENESS = 10
 # a whole run on an AMD EPYC at bf11e64, before the run shared one cache): each group of the run's order starts
 # with them. test_precision.py, run last by test count, once ended a run alone for 70 s. The one cache took
 # test_proposers.py to 15 CPU-s and test_screen_zoo.py to 36, and test_app_precision.py now probes at N = 8 (14):
-# the order these figures give is the one measured at 916 s (stop 51); refresh them with a run that checks the
-# new order.
+# the order these figures give is the one the suite is timed with; refresh them with a run that checks a new order.
 LONG_MODULES = {"tests/integration/test_screen_zoo.py": 78, "tests/integration/test_precision.py": 70,
                 "tests/integration/test_proposers.py": 47, "tests/app/test_app.py": 38,
                 "tests/integration/test_coactivation.py": 36, "tests/test_bad_inputs.py": 29,
