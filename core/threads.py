@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -36,6 +37,8 @@ SAMPLE_SECONDS = 0.1  # /proc/stat counts in 1/100 s: 10 ticks per CPU are enoug
 # Other work may use this much of a core before it no longer counts as free: a thread sharing a
 # core loses far more at the barriers (3x on training) than one thread fewer costs (1.5x).
 TOLERATED_LOAD = 0.3
+# A load window (load_mark -> now) shorter than this is not trusted (a click right after the page drew): sample instead.
+MIN_WINDOW_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -113,21 +116,67 @@ def sample_load(seconds: float = SAMPLE_SECONDS) -> tuple[tuple[float, ...], flo
     return tuple(per_cpu[i] / 100.0 for i in _usable_cpus() if i < len(per_cpu)), own
 
 
-def thread_policy(ceiling: int | None = None, env: Mapping[str, str] | None = None) -> ThreadChoice:
-    """Measure the CPUs now (unless HEADLAB_THREADS is set) and choose; `ceiling` caps the count further."""
+@dataclass(frozen=True)
+class LoadMark:
+    """Where a load window starts: when (perf_counter), each usable CPU's busy and total seconds so far [cpu], and
+    this process's CPU seconds so far."""
+
+    at: float
+    busy_seconds: tuple[float, ...]
+    total_seconds: tuple[float, ...]
+    own_seconds: float
+
+
+def load_mark() -> LoadMark:
+    """The CPUs' counters now (no waiting): `thread_policy(since=mark)` later measures the load in between."""
+    per_cpu = psutil.cpu_times(percpu=True)
+    busy, total = [], []
+    for i in _usable_cpus():
+        if i < len(per_cpu):
+            times = per_cpu[i]
+            # guest time is counted in user time as well; idle waiting on I/O is idle
+            all_seconds = sum(times) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
+            busy.append(all_seconds - times.idle - getattr(times, "iowait", 0.0))
+            total.append(all_seconds)
+    own = psutil.Process().cpu_times()
+    return LoadMark(time.perf_counter(), tuple(busy), tuple(total), own.user + own.system)
+
+
+def load_between(start: LoadMark, end: LoadMark) -> tuple[tuple[float, ...], float]:
+    """Between two marks: each CPU's busy fraction [cpu] (0..1), and this process's own CPU use in cores."""
+    busy = tuple(min(1.0, max(0.0, (b1 - b0) / (t1 - t0))) if t1 > t0 else 0.0
+                 for b0, b1, t0, t1 in zip(start.busy_seconds, end.busy_seconds, start.total_seconds, end.total_seconds))
+    seconds = end.at - start.at
+    return busy, (end.own_seconds - start.own_seconds) / seconds if seconds > 0 else 0.0
+
+
+def thread_policy(ceiling: int | None = None, env: Mapping[str, str] | None = None,
+                  since: LoadMark | None = None) -> ThreadChoice:
+    """Measure the CPUs (unless HEADLAB_THREADS is set) and choose; `ceiling` caps the count further.
+
+    since: measure from that mark to now instead of sampling the next SAMPLE_SECONDS, when the window is at least
+    MIN_WINDOW_SECONDS. The app marks each run of the lab and measures from there when Run is pressed: a sample
+    taken at the click counted the browser's own reaction to it (most of a core for a quarter second) as
+    competition and ran SmolLM2's study at one thread of two, 1.3x slower."""
     env = os.environ if env is None else env
     cap = thread_ceiling(len(_usable_cpus()), psutil.cpu_count(logical=False), env)
     if ceiling is not None:
         cap = min(cap, max(1, int(ceiling)))
     override = env.get(THREADS_ENV)
-    busy, own = ((), 0.0) if override and override.strip() else sample_load()
+    if override and override.strip():
+        busy, own = (), 0.0
+    elif since is not None and time.perf_counter() - since.at >= MIN_WINDOW_SECONDS:
+        busy, own = load_between(since, load_mark())
+    else:
+        busy, own = sample_load()
     return choose_threads(busy, cap, override, own)
 
 
-def apply_thread_policy(ceiling: int | None = None) -> ThreadChoice:
-    """Choose torch's intra-op thread count for the CPUs' load right now and set it."""
+def apply_thread_policy(ceiling: int | None = None, choice: ThreadChoice | None = None) -> ThreadChoice:
+    """Choose torch's intra-op thread count for the CPUs' load right now and set it; or set `choice`, one made a
+    moment before (the app samples when a button is pressed, before its rerun has the browser drawing)."""
     import torch  # heavy (seconds): here, not at the top, so that `python -m core --help` never loads it
 
-    choice = thread_policy(ceiling)
+    choice = thread_policy(ceiling) if choice is None else choice
     torch.set_num_threads(choice.threads)
     return choice

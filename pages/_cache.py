@@ -47,14 +47,16 @@ from core.store import canonical_json, has_entry
 from core.tasks.probe_file import ProbeFile
 from core.tasks.specs import probe_spec, spec_from_json
 from core.tasks.tokens import tokenizer_of_folder
-from core.threads import apply_thread_policy
+from core.threads import ThreadChoice, apply_thread_policy
 from core.workspace import zoo_dir
 from pages._state import Workspace
 
 NULL_DRAWS = 200  # draws of the induction null (the noise floor), both probes
 # a running study's preview is redrawn at most this often: a draw took 0.15-0.18 s (its strip figure
-# 0.17 s of that, 0.07 s since it is built in one layout update), which the serial backend takes from the study
-PREVIEW_SECONDS = 1.0
+# 0.17 s of that, 0.07 s since it is built in one layout update), which the serial backend takes from the study,
+# and the browser drawing it takes a core from the study's two threads for a moment (SmolLM2's float32 study at
+# N = 8 reached its verdict on screen 0.7 s later with a preview every second than every 2.5 s: bench screen)
+PREVIEW_SECONDS = 2.5
 _WARM_REPORTS = "_warm_reports"  # session key: (model, probe, stamp) whose checkpoints are all measured
 
 
@@ -397,17 +399,20 @@ class _Previews:
 
 def run_ablation(ws: Workspace, selection: HeadSet, settings: AblationSettings,
                  progress: Callable[[int, int], None] | None = None, cancel: Callable[[], bool] | None = None,
-                 on_preview: Callable[[AblationResult], None] | None = None, probe_file: ProbeFile | None = None) -> dict:
+                 on_preview: Callable[[AblationResult], None] | None = None, probe_file: ProbeFile | None = None,
+                 threads: ThreadChoice | None = None) -> dict:
     """Run (and store) the ablation study of `selection` on the workspace's backend; AblationCancelled
     when cancel() says so. on_preview(partial result): see _Previews (core's preview_result: no z yet).
-    probe_file: ablate on its prompts (tokenized by the model's tokenizer) instead of the workspace probe."""
+    probe_file: ablate on its prompts (tokenized by the model's tokenizer) instead of the workspace probe.
+    threads: the thread policy's choice made when Run was pressed (None: sample the load now)."""
     live = _Previews(settings, on_preview, progress)
     batch = _lab_batch(ws, probe_file)  # a probe file's: tokenized here (for the per-example table) and, on Ray, in each worker
     if ws.backend == "serial":
         model = cached_model(ws.model_name, ws.revision, ws.stamp, ws.dtype)
         clean_runs = _lab_clean_runs(ws, probe_file, batch)
-        # threads for the load now, not the session's start: the browser drawing the page then is idle by the click
-        apply_thread_policy()
+        # threads for the load at the click, not the session's start (the browser drawing the page then is idle by the
+        # click) nor now (this rerun has the browser drawing the page above the run)
+        apply_thread_policy(choice=threads)
         start = time.perf_counter()
         result = ablation_study(model, batch, selection, settings, progress=live.progress,
                                 cancel=cancel, on_condition=live.condition, clean_runs=clean_runs)

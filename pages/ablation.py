@@ -14,6 +14,7 @@ from core.stats.controls import CONTROL_KINDS, count_any_layer_sets, count_match
 from core.stats.inference import METRICS, MIN_CLOSURE_CONTROLS, evidence_flags, format_z, verdict_tone
 from core.stats.spectral import resolve_k, top_k
 from core.tasks.vocab import token_label
+from core.threads import load_mark, thread_policy
 from pages._cache import (cached_forward_seconds, checkpoint_screen, lab_clean_run_kept, prepare_ablation, run_ablation,
                           screen_report, stored_ablation)
 from pages._state import (ABLATION_HEADS, HAND_OFF_NOTE, HEADS_MODEL, HEADS_TEXT, HEADS_URL, LAB_ON_FILE,
@@ -25,6 +26,8 @@ GRID_KEY = "ablation_grid"  # the grid's container; the chart inside gets a new 
 GRID_ROUND = "_ablation_grid_round"  # how many picks the grid has taken this session
 URL_HEADS_TAKEN = "_ablation_url_heads_taken"  # the link's heads were read (once a session: later the page writes them)
 CANCELLED = "_ablation_cancelled"  # set by the cancel button, read by the running study
+CLICK_THREADS = "_ablation_click_threads"  # the thread policy's choice when Run was pressed
+LOAD_MARK = "_ablation_load_mark"  # the CPUs' counters at this page's last run: the click measures the load since
 PRESET_MESSAGE = "_preset_message"  # why a preset found no heads (shown after the rerun)
 TARGET_SECONDS = 20.0  # the proposed probe size answers a study in about this long on this machine
 PREPARE_SECONDS = 5.0  # a clean run estimated longer is not run when the page opens, but with the first ablation
@@ -43,6 +46,13 @@ def _clear_heads() -> None:
 
 def _cancel() -> None:
     st.session_state[CANCELLED] = True
+
+
+def _choose_threads(backend: str) -> None:
+    """At the press of Run: the thread policy on the load since this page last ran (the user looking at it), not on
+    a sample after the click, which counts the browser's own reaction to the click and the rerun it draws."""
+    if backend == "serial":
+        st.session_state[CLICK_THREADS] = thread_policy(since=st.session_state.get(LOAD_MARK))
 
 
 def _set_heads(heads, empty_message: str) -> None:
@@ -285,7 +295,9 @@ with control_col:
                              + mode_help(PROBE_MODES) + ".")
     lab_file = _choose_prompts(ws)
     n_sets = 0 if selection is None else _control_sets_notice(selection, control_kind, n_layers, n_heads)
-    run = st.button("Run ablation", type="primary", disabled=n_sets == 0, key="run_ablation")
+    run = st.button("Run ablation", type="primary", disabled=n_sets == 0, key="run_ablation", on_click=_choose_threads,
+                    args=(ws.backend,))
+    st.session_state[LOAD_MARK] = load_mark()
 
 with grid_box:
     chosen = selection.heads if selection is not None else ()
@@ -319,6 +331,7 @@ if run and selection is not None:
                 cancel=lambda: bool(st.session_state.get(CANCELLED)),
                 on_preview=_live_drawer(live, ws),
                 probe_file=lab_file,
+                threads=st.session_state.pop(CLICK_THREADS, None),
             )
         except AblationCancelled:
             st.warning("The ablation run was cancelled; nothing was stored.")

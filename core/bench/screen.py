@@ -36,9 +36,9 @@ RUNNING = '[data-testid="stStatusWidgetRunningIcon"], [data-testid="stStatusWidg
 WATCH = """() => { window.__seen = {};
   window.__watch = new MutationObserver(() => {
     const now = performance.now();
-    if (!window.__seen.candidate && [...document.querySelectorAll('p')].some(p => p.innerText.startsWith('Running:')))
+    if (!window.__seen.candidate && [...document.querySelectorAll('p')].some(p => p.textContent.startsWith('Running:')))
       window.__seen.candidate = now;
-    if (!window.__seen.verdict && [...document.querySelectorAll('h2, h3')].some(h => h.innerText.trim().startsWith('Verdict'))
+    if (!window.__seen.verdict && [...document.querySelectorAll('h2, h3')].some(h => h.textContent.trim().startsWith('Verdict'))
         && document.querySelector('[data-testid="stAlertContainer"]'))
       window.__seen.verdict = now;
   });
@@ -158,7 +158,7 @@ def bench_screen(model: str = "induction-neox", revision: str | None = None, hea
             _settle(tab)
             tab.evaluate(WATCH)
             clicked = tab.evaluate(CLICK)
-            tab.wait_for_function("() => window.__seen.verdict", polling="raf")
+            tab.wait_for_function("() => window.__seen.verdict", polling=100)
             seen = tab.evaluate("() => { window.__watch.disconnect(); return window.__seen; }")
             rows.append({"candidate_s": (seen.get("candidate", seen["verdict"]) - clicked) / 1000,
                          "verdict_s": (seen["verdict"] - clicked) / 1000})

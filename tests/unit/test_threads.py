@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
+from core import threads
 from core.errors import HeadLabError
-from core.threads import THREADS_ENV, apply_thread_policy, choose_threads, thread_ceiling, thread_policy
+from core.threads import (THREADS_ENV, LoadMark, apply_thread_policy, choose_threads, load_between, thread_ceiling,
+                          thread_policy)
 
 
 @pytest.mark.parametrize("busy, expected", [
@@ -113,3 +117,30 @@ def test_zoo_weights_do_not_follow_the_machines_load(tmp_path, monkeypatch):
     assert idle[0] == busy[0] == ZOO_THREADS_PER_MODEL
     assert idle[1].keys() == busy[1].keys()
     assert all(torch.equal(idle[1][k], busy[1][k]) for k in idle[1])
+
+
+def test_the_load_between_two_marks():
+    start = LoadMark(at=10.0, busy_seconds=(5.0, 7.0), total_seconds=(20.0, 30.0), own_seconds=1.0)
+    end = LoadMark(at=12.0, busy_seconds=(7.0, 7.5), total_seconds=(22.0, 32.0), own_seconds=3.0)
+    busy, own = load_between(start, end)
+    assert busy == pytest.approx((1.0, 0.25)) and own == pytest.approx(1.0)  # 2 of 2 s busy, 0.5 of 2; 2 CPU-s in 2 s
+    first = threads.load_mark()  # this machine's counters: one busy fraction per usable CPU, each within 0..1
+    sum(i * i for i in range(200_000))
+    busy, own = load_between(first, threads.load_mark())
+    assert len(busy) == len(threads._usable_cpus()) and all(0.0 <= b <= 1.0 for b in busy) and own >= 0.0
+
+
+def test_a_policy_since_a_mark_measures_the_window_not_a_sample(monkeypatch):
+    """The lab's click: the load since the page last ran (a competitor on one core) decides, not a sample taken
+    after the click; a window shorter than MIN_WINDOW_SECONDS falls back to the sample."""
+    now = time.perf_counter()
+    monkeypatch.setattr(threads, "load_mark", lambda: LoadMark(now, (4.0, 0.2), (4.0, 4.0), 0.0))
+    monkeypatch.setattr(threads, "sample_load", lambda: ((0.0, 0.0), 0.0))
+    monkeypatch.setattr(threads, "_usable_cpus", lambda: [0, 1])
+    monkeypatch.setattr(threads.psutil, "cpu_count", lambda logical=True: 2)
+    long_ago = LoadMark(now - 4.0, (0.0, 0.0), (0.0, 0.0), 0.0)
+    choice = thread_policy(env={}, since=long_ago)
+    assert choice.threads == 1 and choice.busy == pytest.approx((1.0, 0.05))
+    just_now = LoadMark(now - threads.MIN_WINDOW_SECONDS / 2, (0.0, 0.0), (0.0, 0.0), 0.0)
+    assert thread_policy(env={}, since=just_now).threads == 2  # the (idle) sample
+    assert thread_policy(env={}).threads == 2
