@@ -11,8 +11,10 @@ as still absent.
 
 Threads that wait sleep rather than spin (OMP_WAIT_POLICY=PASSIVE, set in core/__init__.py), so
 a competitor that arrives after the choice costs far less. The choice is made when heavy work
-starts (the CLI, each app session, each zoo model trained), not during it: a count changed in
-the middle of a training run would change its float sums.
+starts (the CLI, each app session, each zoo model trained, each Run in the ablation lab), not during
+it: a count changed in the middle of a training run would change its float sums. The lab measures
+the load from its page's last run to the click (`load_mark`), since a sample taken after a click
+counts the browser drawing the response as competition.
 
 `HEADLAB_THREADS=N` fixes the count (N >= 1); an `OMP_NUM_THREADS` the user set is a ceiling.
 Statistics agree across counts to float rounding; trained weights are bit-identical only at the

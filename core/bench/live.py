@@ -44,7 +44,7 @@ def bench_live(model: str = "induction-neox", revision: str | None = None, heads
                threads: int | None = None, device: str = "cpu", dtype: str = DEFAULT_DTYPE) -> dict:
     """Candidate and verdict times [s] of both ways over `repeats` alternating runs; medians and ratios."""
     if threads is None:
-        apply_thread_policy()  # what the lab does at the click
+        apply_thread_policy()  # the lab chooses at the click, from the load since its page last ran; here, now
     else:
         torch.set_num_threads(int(threads))
     ref = ModelRef.parse(model)
