@@ -30,10 +30,9 @@ def suite_zoo_entries() -> list[tuple]:
 
 def _trained(folder: Path, name: str) -> bool:
     """Model `name` is trained to its end in `folder` (its manifest says complete)."""
-    from core.model.refs import read_manifest
+    from core.model.refs import model_is_complete
 
-    manifest = read_manifest(folder / name, missing_ok=True)
-    return bool(manifest and manifest.get("complete"))
+    return model_is_complete(folder / name)
 
 
 def is_complete(folder: Path) -> bool:

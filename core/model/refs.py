@@ -182,6 +182,12 @@ def read_manifest(model: str | Path, missing_ok: bool = False) -> dict | None:
         ) from None
 
 
+def model_is_complete(folder: Path) -> bool:
+    """Whether the model folder's manifest says its training (or import) ran to its end."""
+    manifest = read_manifest(Path(folder), missing_ok=True)
+    return bool(manifest and manifest.get("complete"))
+
+
 # ----------------------------------------------------------------------------- checkpoints
 
 

@@ -27,7 +27,7 @@ from core.executor import Executor, ProgressBar, ProgressFn, SerialExecutor, Swe
 from core.workspace import zoo_dir
 from core.tasks.sequences import check_hhg_format
 from core.zoo.config import SEQUENCE_TASKS, ModelConfig, TrainConfig
-from core.model.refs import read_manifest
+from core.model.refs import model_is_complete, read_manifest
 from core.zoo.train import batch_at, build_model, train_model, training_loss
 
 MODEL_KINDS = ("induction", "shifted", "moe", "reverse", "sort")
@@ -242,7 +242,7 @@ def estimate_zoo(preset: str, only: str | None = None, print_fn: Callable[[str],
                  hhg_format: str = "headlab") -> dict:
     """Estimate the wall time of the models of `preset` not trained yet (times a few steps of each shape)."""
     todo = [(n, m, t) for n, m, t in preset_entries(preset, only, hhg_format)
-            if not ((read_manifest(zoo_dir() / n, missing_ok=True) or {}).get("complete"))]
+            if not model_is_complete(zoo_dir() / n)]
     cache: dict[str, float] = {}
     lines, total_expected, total_max = [], 0.0, 0.0
     for name, model_cfg, train_cfg in todo:

@@ -498,6 +498,9 @@ def test_read_manifest_of_a_folder_keeps_checkpoint_extras(home, tmp_path):
     checkpoints = [{"revision": "step000001", "step": 1, "tokens": 10, "loss": 2.5}]
     (folder / "manifest.json").write_text(json.dumps({"name": "trained", "checkpoints": checkpoints}))
     assert refs.read_manifest(folder)["checkpoints"] == checkpoints
+    assert not refs.model_is_complete(folder) and not refs.model_is_complete(tmp_path / "absent")
+    (folder / "manifest.json").write_text(json.dumps({"name": "trained", "checkpoints": checkpoints, "complete": True}))
+    assert refs.model_is_complete(folder)
     (folder / "manifest.json").write_text(json.dumps({"name": "trained", "checkpoints": [{"step": 1}]}))
     with pytest.raises(HeadLabError, match="manifest .* is unreadable"):
         refs.read_manifest(folder, missing_ok=True)

@@ -57,7 +57,7 @@ from core.errors import HeadLabError
 from core.executor import ProgressBar
 from core.heads import HeadSet, head_name, parse_heads
 from core.model.loading import load_model
-from core.model.refs import MANIFEST, ModelRef, read_manifest, zoo_model_dir
+from core.model.refs import MANIFEST, ModelRef, model_is_complete, read_manifest, zoo_model_dir
 from core.results import JsonResult
 from core.tasks.counterfactual import PatchPair
 from core.tasks.known import KNOWN_TASKS, PairTask, SwapInductionSpec, known_task
@@ -717,8 +717,7 @@ def _progress(progress: bool | Callable[[int, int], None] | None, name: str, tot
 def planted_status(folder: Path) -> dict | None:
     """The confirmation record of a built planted model folder, or None when it is not built."""
     path = Path(folder) / CONFIRMATION
-    manifest = read_manifest(Path(folder), missing_ok=True)
-    if not (manifest and manifest.get("complete") and path.is_file()):
+    if not (model_is_complete(Path(folder)) and path.is_file()):
         return None
     return json.loads(path.read_text())
 
