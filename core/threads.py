@@ -176,7 +176,7 @@ def thread_policy(ceiling: int | None = None, env: Mapping[str, str] | None = No
 
 def apply_thread_policy(ceiling: int | None = None, choice: ThreadChoice | None = None) -> ThreadChoice:
     """Choose torch's intra-op thread count for the CPUs' load right now and set it; or set `choice`, one made a
-    moment before (the app samples when a button is pressed, before its rerun has the browser drawing)."""
+    moment before (the lab's, when Run was pressed, from the load since its page last ran)."""
     import torch  # heavy (seconds): here, not at the top, so that `python -m core --help` never loads it
 
     choice = thread_policy(ceiling) if choice is None else choice
