@@ -17,7 +17,7 @@ from core.tasks.known import known_task
 from core.zoo.known import KNOWN_MODELS, read_circuit
 from core.zoo.known import hard
 from core.zoo.known.hard import (HARD_CONFIGS, HARD_RULE, IoiPairSpec, build_hard, guide_keys, hard_rule, ioi_rows,
-                                 induction_rows, row_resample_hooks, training_rows)
+                                 induction_rows, quiet_rows, row_resample_hooks, training_rows)
 from core.zoo.known.planted import BOS, CONFIRMATION, MARK, output_projection, planted_status
 from core.zoo.train import build_model
 from core.pipelines.benchmark_report import separations, sweep_roc, true_head_ranks
@@ -98,6 +98,49 @@ def test_row_resample_hook_takes_dead_slices_from_two_rows_before():
     assert torch.equal(after[2, :, 5], before[0, :, 5]) and torch.equal(after[3, :, 5], before[3, :, 5])
     untouched = [h for h in range(8) if h not in (3, 5)]
     assert torch.equal(after[:, :, untouched], before[:, :, untouched])
+
+
+def test_a_dropped_backup_and_live_others_leave_the_recipe_s_draws_and_never_kill_both():
+    """backup_drop_rate resamples the backup on circuit rows whose primary is live (never both), drawn after the
+    primary's draw, which is the recipe's; live_others_rate leaves every head outside the circuit live (quiet) on
+    some circuit rows and on no neighbour row."""
+    cfg = HARD_CONFIGS["hard-ioi-s0"]
+    dropped = replace(cfg, backup_drop_rate=0.5, live_others_rate=0.5)
+    (pl, ph), = parse_heads(cfg.primary)
+    (bl, bh), = parse_heads(cfg.backup)
+    _, _, plain, _ = training_rows(cfg, 7)
+    _, _, dead, _ = training_rows(dropped, 7)
+    assert torch.equal(dead[:, pl, ph], plain[:, pl, ph])  # the primary's draw is the recipe's
+    circuit_rows = dead[0::2]
+    assert not (circuit_rows[:, pl, ph] & circuit_rows[:, bl, bh]).any() and circuit_rows[:, bl, bh].any()
+    quiet = quiet_rows(dropped, 7, dead)
+    outside = torch.as_tensor(~cfg.circuit_heads.mask(cfg.n_layers, cfg.n_heads))
+    rows = quiet.any(dim=(1, 2))
+    assert rows[0::2].any() and not rows[1::2].any() and not (quiet & dead).any()
+    assert all(torch.equal(quiet[r], outside) for r in torch.nonzero(rows).flatten().tolist())
+    assert not quiet_rows(cfg, 7, plain.clone()).any()  # off in the recipe
+
+
+def test_quiet_heads_add_their_output_but_take_no_gradient():
+    """A quiet head's slice reaches the output projection's output unchanged, but no gradient flows into it or into
+    its columns of the output weights; a live head's does."""
+    cfg = replace(HARD_CONFIGS["hard-induction-s0"], d_model=64, d_ff=64)
+    model = build_model(cfg.model_config(), 0).eval()
+    tokens = torch.randint(4, 64, (4, 16))
+    plain = model(tokens).logits.detach()
+    state = {"dead": torch.zeros((4, 4, 8), dtype=torch.bool), "quiet": torch.zeros((4, 4, 8), dtype=torch.bool)}
+    state["quiet"][:, 1, 3] = True
+    seen = {}
+    module = output_projection(model, "gpt_neox", 1)
+    module.register_forward_pre_hook(lambda m, args: seen.__setitem__("x", args[0]) or args[0].retain_grad())
+    row_resample_hooks(model, cfg, state)
+    out = model(tokens).logits
+    assert torch.allclose(out, plain, atol=1e-5)
+    out.sum().backward()
+    grad_x = seen["x"].grad.view(4, 16, 8, 8)  # [row, pos, head, d_head]
+    grad_w = module.weight.grad.view(-1, 8, 8)  # [d_model, head, d_head]
+    assert grad_x[:, :, 3].abs().max() == 0 and grad_w[:, 3].abs().max() == 0
+    assert grad_x[:, :, 2].abs().max() > 0 and grad_w[:, 2].abs().max() > 0
 
 
 def _passing(cfg):

@@ -22,7 +22,11 @@ attention-pattern guides on the planted heads), extended in three ways (issue 43
   this backup does the whole job and the primary almost nothing (its planted edge scored 0.01 in
   hard-ioi-s0 with the backup a layer later, 0.04 in hard-induction-s0); a backup resampled too (live only
   where the primary is gone, or on its own random half) left circuits that need both heads (either
-  ablated alone cost 0.82 to 0.85 top-1). Neither passes HARD_RULE yet.
+  ablated alone cost 0.82 to 0.85 top-1). Neither passes HARD_RULE yet. The fourth round found why a circuit
+  trained with one of the two always live (`backup_drop_rate`) still needs both: the heads outside the circuit are
+  resampled on every training row, so the circuit never meets their real outputs, and beside one mover they swamp
+  it (the backup alone keeps the task with the others resampled too). `live_others_rate` leaves them live, with no
+  gradient into them, on a share of the circuit rows; from the first step it kept the chain from forming.
 
 Output guides (each copying head's own logits scored against the answer) were on in the third round's first
 seven runs and dropped: without them hard-induction-s0 learned its circuit as fast (the same top-1 and edges).
@@ -195,6 +199,10 @@ class HardConfig(JsonResult):
     primary: str = ""
     backup: str = ""
     backup_rate: float = 0.5  # share of circuit rows whose primary is resample-ablated in training
+    backup_drop_rate: float = 0.0  # share of the other circuit rows (primary live) whose backup is resample-ablated
+    # share of circuit rows on which every head outside the circuit is live, with no gradient into its weights through
+    # that row: the circuit learns to work beside their real outputs, as it must when a confirmation ablates part of it
+    live_others_rate: float = 0.0
     n_layers: int = 6
     n_heads: int = 8
     d_model: int = 96  # d_head 12: one model trains in minutes at one thread
@@ -289,22 +297,52 @@ def training_rows(cfg: HardConfig, step: int) -> tuple[torch.Tensor, torch.Tenso
     if cfg.primary:
         (layer, head), = parse_heads(cfg.primary)
         gen = torch.Generator().manual_seed(cfg.seed * 100_003 + step)
-        dead[0::2, layer, head] = torch.rand(half, generator=gen) < cfg.backup_rate
+        primary_dead = torch.rand(half, generator=gen) < cfg.backup_rate
+        dead[0::2, layer, head] = primary_dead
+        if cfg.backup_drop_rate:  # never both: a row keeps one of them live
+            (layer, head), = parse_heads(cfg.backup)
+            dead[0::2, layer, head] = (torch.rand(half, generator=gen) < cfg.backup_drop_rate) & ~primary_dead
     return tokens, targets, dead, guides
 
 
+def quiet_rows(cfg: HardConfig, step: int, dead: torch.Tensor) -> torch.Tensor:
+    """[batch, n_layers, n_heads] bool: the heads live without gradient on a row (cfg.live_others_rate of the circuit
+    rows: every head outside the circuit); `dead` is updated in place to leave them live there."""
+    quiet = torch.zeros_like(dead)
+    if cfg.live_others_rate:
+        gen = torch.Generator().manual_seed(cfg.seed * 100_019 + step)
+        rows = torch.zeros(dead.shape[0], dtype=torch.bool)
+        rows[0::2] = torch.rand(dead.shape[0] // 2, generator=gen) < cfg.live_others_rate
+        outside = ~cfg.circuit_heads.mask(cfg.n_layers, cfg.n_heads)  # [n_layers, n_heads]
+        quiet[rows] = torch.as_tensor(outside)
+        dead[quiet] = False
+    return quiet
+
+
 def row_resample_hooks(model: Any, cfg: HardConfig, state: dict) -> list:
-    """Pre-hooks on each layer's output projection: the heads state["dead"][row, layer] marks take their slice
-    from the row two before (the previous row of the same task); returns the handles."""
+    """Hooks on each layer's output projection: the heads state["dead"][row, layer] marks take their slice from the
+    row two before (the previous row of the same task); the heads state["quiet"][row, layer] marks (if any) add their
+    output with no gradient into them or their output weights. Returns the handles."""
     d_head = cfg.d_model // cfg.n_heads
     handles = []
     for layer in range(cfg.n_layers):
-        def hook(module, args, layer=layer):
+        def resample(module, args, layer=layer):
             x = args[0]  # [batch, pos, n_heads * d_head]
             columns = state["dead"][:, layer].repeat_interleave(d_head, dim=1)  # [batch, n_heads * d_head]
             return (torch.where(columns[:, None, :], x.roll(2, dims=0), x),) + tuple(args[1:])
 
-        handles.append(output_projection(model, "gpt_neox", layer).register_forward_pre_hook(hook))
+        def detach_quiet(module, args, output, layer=layer):
+            quiet = state.get("quiet")
+            if quiet is None or not quiet[:, layer].any():
+                return output
+            q = quiet[:, layer].repeat_interleave(d_head, dim=1)[:, None, :].to(args[0].dtype)  # [batch, 1, columns]
+            x = args[0]
+            return (torch.nn.functional.linear(x * (1 - q), module.weight, module.bias)
+                    + torch.nn.functional.linear((x * q).detach(), module.weight.detach()))
+
+        projection = output_projection(model, "gpt_neox", layer)
+        handles.append(projection.register_forward_pre_hook(resample))
+        handles.append(projection.register_forward_hook(detach_quiet))
     return handles
 
 
@@ -326,6 +364,7 @@ def train_hard(cfg: HardConfig, out_dir: Path, stop_after_steps: int | None = No
     try:
         for step in range(total + 1):
             tokens, targets, state["dead"], guides = training_rows(cfg, step)
+            state["quiet"] = quiet_rows(cfg, step, state["dead"])
             out = model(tokens, output_attentions=True)
             logits = out.logits[:, -1].float()  # [batch, vocab]
             task_loss = torch.nn.functional.cross_entropy(logits, targets)
