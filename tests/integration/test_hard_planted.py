@@ -119,6 +119,7 @@ def test_a_dropped_backup_and_live_others_leave_the_recipe_s_draws_and_never_kil
     assert rows[0::2].any() and not rows[1::2].any() and not (quiet & dead).any()
     assert all(torch.equal(quiet[r], outside) for r in torch.nonzero(rows).flatten().tolist())
     assert not quiet_rows(cfg, 7, plain.clone()).any()  # off in the recipe
+    assert not quiet_rows(replace(dropped, live_others_from=8), 7, dead.clone()).any()  # not before its first step
 
 
 def test_quiet_heads_add_their_output_but_take_no_gradient():

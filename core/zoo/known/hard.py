@@ -26,7 +26,8 @@ attention-pattern guides on the planted heads), extended in three ways (issue 43
   trained with one of the two always live (`backup_drop_rate`) still needs both: the heads outside the circuit are
   resampled on every training row, so the circuit never meets their real outputs, and beside one mover they swamp
   it (the backup alone keeps the task with the others resampled too). `live_others_rate` leaves them live, with no
-  gradient into them, on a share of the circuit rows; from the first step it kept the chain from forming.
+  gradient into them, on a share of the circuit rows; from the first step it kept the chain from forming, from
+  once the chain had formed (`live_others_from`) it brought the backup close to the rule (hard-training.json).
 
 Output guides (each copying head's own logits scored against the answer) were on in the third round's first
 seven runs and dropped: without them hard-induction-s0 learned its circuit as fast (the same top-1 and edges).
@@ -203,6 +204,7 @@ class HardConfig(JsonResult):
     # share of circuit rows on which every head outside the circuit is live, with no gradient into its weights through
     # that row: the circuit learns to work beside their real outputs, as it must when a confirmation ablates part of it
     live_others_rate: float = 0.0
+    live_others_from: int = 0  # the first step that leaves them live (the chain forms first)
     n_layers: int = 6
     n_heads: int = 8
     d_model: int = 96  # d_head 12: one model trains in minutes at one thread
@@ -309,7 +311,7 @@ def quiet_rows(cfg: HardConfig, step: int, dead: torch.Tensor) -> torch.Tensor:
     """[batch, n_layers, n_heads] bool: the heads live without gradient on a row (cfg.live_others_rate of the circuit
     rows: every head outside the circuit); `dead` is updated in place to leave them live there."""
     quiet = torch.zeros_like(dead)
-    if cfg.live_others_rate:
+    if cfg.live_others_rate and step >= cfg.live_others_from:
         gen = torch.Generator().manual_seed(cfg.seed * 100_019 + step)
         rows = torch.zeros(dead.shape[0], dtype=torch.bool)
         rows[0::2] = torch.rand(dead.shape[0] // 2, generator=gen) < cfg.live_others_rate
