@@ -107,17 +107,6 @@ def _usable_cpus() -> list[int]:
         return list(range(psutil.cpu_count() or 1))
 
 
-def sample_load(seconds: float = SAMPLE_SECONDS) -> tuple[tuple[float, ...], float]:
-    """Over the next `seconds` (blocks that long): the busy fraction of each CPU this process may use
-    [cpu], and this process's own CPU use in cores."""
-    me = psutil.Process()
-    before = me.cpu_times()
-    per_cpu = psutil.cpu_percent(interval=seconds, percpu=True)
-    after = me.cpu_times()
-    own = (after.user + after.system - before.user - before.system) / seconds
-    return tuple(per_cpu[i] / 100.0 for i in _usable_cpus() if i < len(per_cpu)), own
-
-
 @dataclass(frozen=True)
 class LoadMark:
     """Where a load window starts: when (perf_counter), each usable CPU's busy and total seconds so far [cpu], and
@@ -150,6 +139,14 @@ def load_between(start: LoadMark, end: LoadMark) -> tuple[tuple[float, ...], flo
                  for b0, b1, t0, t1 in zip(start.busy_seconds, end.busy_seconds, start.total_seconds, end.total_seconds))
     seconds = end.at - start.at
     return busy, (end.own_seconds - start.own_seconds) / seconds if seconds > 0 else 0.0
+
+
+def sample_load(seconds: float = SAMPLE_SECONDS) -> tuple[tuple[float, ...], float]:
+    """Over the next `seconds` (blocks that long): the busy fraction of each CPU this process may use
+    [cpu], and this process's own CPU use in cores."""
+    start = load_mark()
+    time.sleep(seconds)
+    return load_between(start, load_mark())
 
 
 def thread_policy(ceiling: int | None = None, env: Mapping[str, str] | None = None,
