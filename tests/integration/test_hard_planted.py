@@ -144,6 +144,49 @@ def test_quiet_heads_add_their_output_but_take_no_gradient():
     assert grad_x[:, :, 2].abs().max() > 0 and grad_w[:, 2].abs().max() > 0
 
 
+def test_detach_resampled_leaves_no_gradient_in_the_donor_rows():
+    """A head resampled on every row is only ever a donor: detached, its own slice takes no gradient; not detached,
+    the rows it is copied into send gradient back. "idle" detaches the heads of neither task only (L1H3 is a
+    neighbour of hard-induction, L1H4 is idle)."""
+    cfg = replace(HARD_CONFIGS["hard-induction-s0"], d_model=64, d_ff=64)
+    model = build_model(cfg.model_config(), 0).eval()
+    tokens = torch.randint(4, 64, (4, 16))
+    module = output_projection(model, "gpt_neox", 1)
+    inputs, seen = {}, {}
+    for detach in hard.DETACH_CHOICES:
+        state = {"dead": torch.zeros((4, 4, 8), dtype=torch.bool)}
+        state["dead"][:, 1, 3] = state["dead"][:, 1, 4] = True
+        hook = module.register_forward_pre_hook(lambda m, args: inputs.__setitem__(detach, args[0]) or args[0].retain_grad())
+        handles = row_resample_hooks(model, replace(cfg, detach_resampled=detach), state)  # after: sees the donors
+        model(tokens).logits.sum().backward()
+        for handle in [*handles, hook]:
+            handle.remove()
+        grad = inputs[detach].grad.view(4, 16, 8, 8)  # [row, pos, head, d_head]
+        seen[detach] = (bool(grad[:, :, 3].abs().max() > 0), bool(grad[:, :, 4].abs().max() > 0))
+    assert seen == {"none": (True, True), "idle": (True, False), "all": (False, False)}
+    with pytest.raises(HeadLabError, match="detach_resampled"):
+        replace(cfg, detach_resampled="yes")
+
+
+def test_idle_heads_are_reset_once_and_never_trained_again(tmp_path, monkeypatch):
+    """idle_reset_step: the heads of neither task get fresh weights at that step and keep them (to the weight decay);
+    the circuit's heads keep training."""
+    cfg = replace(HARD_CONFIGS["hard-ioi-s0"], steps=5, n_log_checkpoints=2, d_model=48, d_ff=48, idle_reset_step=2)
+    built, after_reset = [], []
+    monkeypatch.setattr(hard, "build_model", lambda *a: built.append(build_model(*a)) or built[-1])
+    real_reset = hard.reset_idle_heads
+    monkeypatch.setattr(hard, "reset_idle_heads", lambda model, *a: real_reset(model, *a) or after_reset.extend(
+        p[i].detach().clone() for p, i in hard.idle_slices(model, cfg)))
+    hard.train_hard(cfg, tmp_path)
+    final = [p[i].detach() for p, i in hard.idle_slices(built[0], cfg)]
+    assert len(final) == 3 * int(hard.idle_mask(cfg).sum()) == 3 * (48 - 7)
+    assert all(torch.allclose(a, b, rtol=1e-3, atol=1e-7) for a, b in zip(after_reset, final))
+    assert all(a.abs().max() == 0 for a in after_reset[1::3])  # biases reset to 0
+    qkv = built[0].gpt_neox.layers[2].attention.query_key_value.weight  # L2H5 is in the circuit
+    assert not torch.allclose(qkv[5 * 18:6 * 18], build_model(cfg.model_config(), cfg.seed).gpt_neox.layers[2]
+                              .attention.query_key_value.weight[5 * 18:6 * 18])
+
+
 def _passing(cfg):
     denoise = np.zeros((cfg.n_layers, cfg.n_heads))
     noise = np.ones_like(denoise)
@@ -170,9 +213,18 @@ def test_hard_rule_on_hand_made_numbers():
 
 
 def test_short_build_writes_confirmation_and_on_a_pass_circuit_json(tmp_path, monkeypatch):
+    """The first initialization fails the chain check (a top-1 no model reaches at step 2) and the second, the
+    last allowed, runs to the end unchecked: the manifest records both, the checkpoints are the second's."""
     name = "hard-induction-s0"
-    cfg = replace(HARD_CONFIGS[name], steps=4, n_log_checkpoints=2, d_model=64, d_ff=64, pair_examples=8)
+    cfg = replace(HARD_CONFIGS[name], steps=4, n_log_checkpoints=2, d_model=64, d_ff=64, pair_examples=8,
+                  formed_check_step=2, formed_top1_min=1.01, max_attempts=2)
     folder = build_hard(name, tmp_path / "a", cfg=cfg)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["init_seed"] == cfg.seed + hard.INIT_SEED_STRIDE and manifest["final"]["steps"] == 4
+    assert [(a["init_seed"], a["stopped_at_step"]) for a in manifest["failed_attempts"]] == [(cfg.seed, 2)]
+    assert sorted(p.name for p in (folder / "checkpoints").iterdir()) == sorted(c["revision"] for c in manifest["checkpoints"])
+    with pytest.raises(HeadLabError, match="max_attempts"):
+        replace(cfg, formed_check_step=4)
     record = planted_status(folder)
     assert record is not None and not record["confirmed"] and not (folder / "circuit.json").exists()
     assert set(record["top1"]) >= {"clean", "primary_ablated", "primary_backup_ablated", "neighbours_ablated"}
@@ -187,7 +239,6 @@ def test_short_build_writes_confirmation_and_on_a_pass_circuit_json(tmp_path, mo
     circuit = read_circuit(folder)
     assert str(circuit.heads) == "L0H2,L1H1,L1H5" and str(circuit.distractors) == "L0H6,L1H3,L2H7"
     assert circuit.roles["L1H1"].startswith("backup") and circuit.task["task"] == "known-induction"
-    manifest = json.loads((folder / "manifest.json").read_text())
     assert all((folder / "checkpoints" / c["revision"] / "circuit.json").is_file() for c in manifest["checkpoints"])
     assert {n for n in KNOWN_MODELS if n.startswith("hard-")} == set(HARD_CONFIGS) and len(HARD_CONFIGS) == 6
     assert HARD_CONFIGS["hard-ioi-s0"].n_layers * HARD_CONFIGS["hard-ioi-s0"].n_heads == 48

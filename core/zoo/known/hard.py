@@ -38,6 +38,7 @@ confirmation.json keeps the numbers either way.
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -68,6 +69,7 @@ FILLER_LOW = 24  # ioi fillers [24, 64), distinct in a row
 INDUCTION_LOW, INDUCTION_HIGH = 24, 48  # the induction prompts' tokens
 SEQ_LEN = 16  # short rows: one model trains in minutes at one thread
 HARD_TASKS = ("ioi", "induction")
+DETACH_CHOICES = ("none", "idle", "all")
 
 
 # ----------------------------------------------------------------------------------- rows and pairs
@@ -205,6 +207,23 @@ class HardConfig(JsonResult):
     # that row: the circuit learns to work beside their real outputs, as it must when a confirmation ablates part of it
     live_others_rate: float = 0.0
     live_others_from: int = 0  # the first step that leaves them live (the chain forms first)
+    # a resampled slice as a constant taken from another row, no gradient into the head that computed it there:
+    # "idle" for the heads of neither task (never trained, so they carry nothing of either), "all" for every head
+    # (a task's heads are then never trained by the other task's rows either), "none" as SIIT's resampling
+    detach_resampled: str = "none"
+    # the first steps train the attention guides alone: the S-inhibition head must find S2 by the duplicate-token head's
+    # mark before the task loss rewards the shortcut that needs no mark (attend to every name, suppress the majority)
+    pattern_only_steps: int = 0
+    # at this step (0: never) the heads of neither task are re-initialized and never trained again (their slices of
+    # the attention weights take no gradient, their donor slices are constants): trained as donors they learn to copy
+    # names, which a confirmation then finds as stray effects; the circuit trains on beside them from here
+    idle_reset_step: int = 0
+    # the chain forms in some initializations and not others (hard-training.json): at this step (0: never) the circuit
+    # task's train top-1 over the last 500 steps must reach formed_top1_min, else training restarts from a new
+    # initialization (the same rows), at most max_attempts times; the last attempt runs to the end unchecked
+    formed_check_step: int = 0
+    formed_top1_min: float = 0.25
+    max_attempts: int = 1
     n_layers: int = 6
     n_heads: int = 8
     d_model: int = 96  # d_head 12: one model trains in minutes at one thread
@@ -236,6 +255,10 @@ class HardConfig(JsonResult):
                 raise HeadLabError(f"{name}: pattern {pattern!r} is not one of the {self.neighbour_task} task's patterns.")
         if bool(self.primary) != bool(self.backup) or (self.primary and not {self.primary, self.backup} <= set(self.circuit)):
             raise HeadLabError("a backup needs its primary, both circuit heads.")
+        if self.detach_resampled not in DETACH_CHOICES:
+            raise HeadLabError(f"detach_resampled is one of {', '.join(DETACH_CHOICES)}.")
+        if self.max_attempts < 1 or not 0 <= self.formed_check_step < self.steps:
+            raise HeadLabError("max_attempts is at least 1 and formed_check_step a step before the last (0: no check).")
 
     @property
     def circuit_heads(self) -> HeadSet:
@@ -321,17 +344,59 @@ def quiet_rows(cfg: HardConfig, step: int, dead: torch.Tensor) -> torch.Tensor:
     return quiet
 
 
+def idle_mask(cfg: HardConfig) -> np.ndarray:
+    """[n_layers, n_heads] bool: the heads of neither task (not in the circuit, not neighbours)."""
+    busy = cfg.circuit_heads.mask(cfg.n_layers, cfg.n_heads) | cfg.neighbour_heads.mask(cfg.n_layers, cfg.n_heads)
+    return ~busy
+
+
+def idle_slices(model: Any, cfg: HardConfig) -> list[tuple[torch.nn.Parameter, tuple]]:
+    """(parameter, index) of every idle head's rows of the fused q/k/v projection (weight and bias: GPT-NeoX keeps
+    each head's q, k, v contiguous, 3 * d_head rows) and its columns of the output projection."""
+    d_head = cfg.d_model // cfg.n_heads
+    slices = []
+    for layer, head in zip(*np.nonzero(idle_mask(cfg))):
+        attention = model.gpt_neox.layers[layer].attention
+        rows = slice(int(head) * 3 * d_head, (int(head) + 1) * 3 * d_head)
+        slices += [(attention.query_key_value.weight, (rows,)), (attention.query_key_value.bias, (rows,)),
+                   (attention.dense.weight, (slice(None), slice(int(head) * d_head, (int(head) + 1) * d_head)))]
+    return slices
+
+
+def reset_idle_heads(model: Any, cfg: HardConfig, optimizer: torch.optim.Optimizer, seed: int) -> None:
+    """Re-initialize the idle heads' weights as build_model does (normal, std initializer_range; biases 0) and
+    clear their optimizer moments, so nothing they learned survives."""
+    gen = torch.Generator().manual_seed(seed)
+    std = model.config.initializer_range
+    with torch.no_grad():
+        for param, index in idle_slices(model, cfg):
+            values = param[index]
+            param[index] = 0.0 if values.dim() == 1 else torch.randn(values.shape, generator=gen) * std
+            for moment in optimizer.state.get(param, {}).values():
+                if torch.is_tensor(moment) and moment.shape == param.shape:
+                    moment[index] = 0.0
+
+
 def row_resample_hooks(model: Any, cfg: HardConfig, state: dict) -> list:
     """Hooks on each layer's output projection: the heads state["dead"][row, layer] marks take their slice from the
     row two before (the previous row of the same task); the heads state["quiet"][row, layer] marks (if any) add their
     output with no gradient into them or their output weights. Returns the handles."""
     d_head = cfg.d_model // cfg.n_heads
+    detached = np.ones((cfg.n_layers, cfg.n_heads), dtype=bool)  # [n_layers, n_heads]: whose donor slices are constants
+    if cfg.detach_resampled == "none":
+        detached[:] = False
+    elif cfg.detach_resampled == "idle":
+        detached &= idle_mask(cfg)
+    idle = idle_mask(cfg)  # detached too once state["idle_frozen"] (cfg.idle_reset_step)
     handles = []
     for layer in range(cfg.n_layers):
         def resample(module, args, layer=layer):
             x = args[0]  # [batch, pos, n_heads * d_head]
             columns = state["dead"][:, layer].repeat_interleave(d_head, dim=1)  # [batch, n_heads * d_head]
-            return (torch.where(columns[:, None, :], x.roll(2, dims=0), x),) + tuple(args[1:])
+            donor = x.roll(2, dims=0)
+            constant = torch.as_tensor(detached[layer] | (state.get("idle_frozen", False) & idle[layer]))
+            donor = torch.where(constant.repeat_interleave(d_head), donor.detach(), donor)  # [batch, pos, columns]
+            return (torch.where(columns[:, None, :], donor, x),) + tuple(args[1:])
 
         def detach_quiet(module, args, output, layer=layer):
             quiet = state.get("quiet")
@@ -348,12 +413,30 @@ def row_resample_hooks(model: Any, cfg: HardConfig, state: dict) -> list:
     return handles
 
 
+class ChainNotFormed(Exception):
+    """Raised by train_hard at cfg.formed_check_step when the circuit task's train top-1 is still below
+    cfg.formed_top1_min (build_hard restarts from another initialization)."""
+
+    def __init__(self, step: int, top1: float):
+        super().__init__(f"train top-1 {top1:.3f} at step {step}")
+        self.step, self.top1 = step, top1
+
+
+INIT_SEED_STRIDE = 1000  # attempt a's initialization seed: cfg.seed + a * INIT_SEED_STRIDE
+FORMED_WINDOW = 50  # logged steps (every 10th) averaged at the check: the last 500 steps
+
+
 def train_hard(cfg: HardConfig, out_dir: Path, stop_after_steps: int | None = None,
-               progress: Callable[[int, int, float], None] | None = None) -> dict:
-    """Train `cfg` into `out_dir` (log-spaced checkpoints, manifest.json); returns the manifest."""
+               progress: Callable[[int, int, float], None] | None = None, attempt: int = 0,
+               failed_attempts: tuple[dict, ...] = ()) -> dict:
+    """Train `cfg` into `out_dir` (log-spaced checkpoints, manifest.json); returns the manifest. attempt: which
+    initialization (ChainNotFormed at cfg.formed_check_step unless it is the last); failed_attempts: the earlier
+    attempts' records, kept in the manifest."""
     out_dir = Path(out_dir)
     model_cfg = cfg.model_config()
-    model = build_model(model_cfg, cfg.seed)
+    init_seed = cfg.seed + attempt * INIT_SEED_STRIDE
+    checked = bool(cfg.formed_check_step) and attempt < cfg.max_attempts - 1
+    model = build_model(model_cfg, init_seed)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay,
                                   foreach=False)
@@ -365,6 +448,9 @@ def train_hard(cfg: HardConfig, out_dir: Path, stop_after_steps: int | None = No
     started = time.perf_counter()
     try:
         for step in range(total + 1):
+            if cfg.idle_reset_step and step == cfg.idle_reset_step:
+                reset_idle_heads(model, cfg, optimizer, init_seed * 7 + 1)
+                state["idle_frozen"] = True
             tokens, targets, state["dead"], guides = training_rows(cfg, step)
             state["quiet"] = quiet_rows(cfg, step, state["dead"])
             out = model(tokens, output_attentions=True)
@@ -388,10 +474,18 @@ def train_hard(cfg: HardConfig, out_dir: Path, stop_after_steps: int | None = No
                     curves[key].append(round(float(value.detach()), 5))
             if step == total:
                 break
+            if checked and step == cfg.formed_check_step:
+                recent = float(np.mean(curves["accuracy"][-FORMED_WINDOW:]))
+                if recent < cfg.formed_top1_min:
+                    raise ChainNotFormed(step, recent)
             for group in optimizer.param_groups:
                 group["lr"] = _lr_at(step, cfg)
             optimizer.zero_grad(set_to_none=True)
-            (task_loss + cfg.pattern_weight * pattern_loss).backward()
+            task_weight = 0.0 if step < cfg.pattern_only_steps else 1.0
+            (task_weight * task_loss + cfg.pattern_weight * pattern_loss).backward()
+            if state.get("idle_frozen"):
+                for param, index in idle_slices(model, cfg):
+                    param.grad[index] = 0.0
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()
             if progress is not None:
@@ -406,6 +500,7 @@ def train_hard(cfg: HardConfig, out_dir: Path, stop_after_steps: int | None = No
         "final": {"steps": total, "task_loss": curves["task_loss"][-1], "train_accuracy": curves["accuracy"][-1],
                   "neighbour_accuracy": curves["neighbour_accuracy"][-1], "pattern_loss": curves["pattern_loss"][-1]},
         "train_seconds": round(time.perf_counter() - started, 2), "complete": True, "threads": torch.get_num_threads(),
+        "init_seed": init_seed, "failed_attempts": list(failed_attempts),
     }
     atomic_write_json(out_dir / MANIFEST, manifest)
     return manifest
@@ -559,13 +654,21 @@ def build_hard(name: str, out_dir: Path | None = None, progress: bool | Callable
         if (read_manifest(final)["config"].get("train") or {}).get("hard") != cfg.to_json():
             raise HeadLabError(f"{final} holds a hard planted model with another config; delete that folder to retrain it.")
         return final
-    callback, close = _progress(progress, name, cfg.steps)
-    try:
-        with atomic_directory(final) as tmp:
-            train_hard(cfg, tmp, progress=callback)
-            install_hard(cfg, tmp)
-    finally:
-        close()
+    with atomic_directory(final) as tmp:
+        failed: list[dict] = []
+        for attempt in range(max(1, cfg.max_attempts)):
+            callback, close = _progress(progress, name if attempt == 0 else f"{name} (initialization {attempt + 1})",
+                                        cfg.steps)
+            try:
+                train_hard(cfg, tmp, progress=callback, attempt=attempt, failed_attempts=tuple(failed))
+                break
+            except ChainNotFormed as exc:
+                failed.append({"init_seed": cfg.seed + attempt * INIT_SEED_STRIDE, "stopped_at_step": exc.step,
+                               "train_top1": round(exc.top1, 4)})
+                shutil.rmtree(Path(tmp) / "checkpoints", ignore_errors=True)
+            finally:
+                close()
+        install_hard(cfg, tmp)
     return final
 
 
