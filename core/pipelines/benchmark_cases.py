@@ -27,6 +27,7 @@ from core.store import CorruptCacheEntryWarning, cache_key
 from core.tasks.counterfactual import PatchPair
 from core.workspace import atomic_write_json, cache_dir, zoo_dir
 from core.zoo.known import CIRCUIT_FILE, KNOWN_MODELS, known_circuit, known_kind
+from core.zoo.known.planted import planted_status
 
 BENCHMARK_VERSION = "2"  # bump when a stored item changes (2: closure verdicts read the rank where controls do not vary)
 CACHE_KIND = "benchmark"
@@ -109,6 +110,11 @@ def known_cases(names: Sequence[str] = (), kinds: Sequence[str] = ("handwired", 
     for name in chosen:
         registered = name in KNOWN_MODELS
         if registered and not (zoo_dir() / name / CIRCUIT_FILE).exists():  # a folder there: read_circuit refuses it
+            status = planted_status(zoo_dir() / name)
+            if status is not None and not status.get("confirmed", True):  # trained: no truth to score against
+                notes.append(f"{name} was trained but failed its confirmation rule ({'; '.join(status['failures'][:3])}), "
+                             "so it has no circuit.json and was left out.")
+                continue
             if known_kind(name) == "handwired" or build:
                 say(f"building known model {name}")
                 KNOWN_MODELS[name](progress=known_kind(name) != "handwired")

@@ -13,6 +13,8 @@ import torch
 
 from core.errors import HeadLabError
 from core.heads import parse_heads
+from core.pipelines import benchmark_cases
+from core.pipelines.benchmark_report import separations, sweep_roc, true_head_ranks
 from core.tasks.known import known_task
 from core.zoo.known import KNOWN_MODELS, read_circuit
 from core.zoo.known import hard
@@ -20,7 +22,6 @@ from core.zoo.known.hard import (HARD_CONFIGS, HARD_RULE, IoiPairSpec, build_har
                                  induction_rows, quiet_rows, row_resample_hooks, training_rows)
 from core.zoo.known.planted import BOS, CONFIRMATION, MARK, output_projection, planted_status
 from core.zoo.train import build_model
-from core.pipelines.benchmark_report import separations, sweep_roc, true_head_ranks
 
 
 def test_ioi_rows_hold_s_twice_io_once_and_distinct_fillers():
@@ -104,8 +105,8 @@ def test_a_dropped_backup_and_live_others_leave_the_recipe_s_draws_and_never_kil
     """backup_drop_rate resamples the backup on circuit rows whose primary is live (never both), drawn after the
     primary's draw, which is the recipe's; live_others_rate leaves every head outside the circuit live (quiet) on
     some circuit rows and on no neighbour row."""
-    cfg = HARD_CONFIGS["hard-ioi-s0"]
-    dropped = replace(cfg, backup_drop_rate=0.5, live_others_rate=0.5)
+    cfg = replace(HARD_CONFIGS["hard-ioi-s0"], backup_drop_rate=0.0, live_others_rate=0.0)
+    dropped = replace(cfg, backup_drop_rate=0.5, live_others_rate=0.5, live_others_from=0)
     (pl, ph), = parse_heads(cfg.primary)
     (bl, bh), = parse_heads(cfg.backup)
     _, _, plain, _ = training_rows(cfg, 7)
@@ -118,7 +119,7 @@ def test_a_dropped_backup_and_live_others_leave_the_recipe_s_draws_and_never_kil
     rows = quiet.any(dim=(1, 2))
     assert rows[0::2].any() and not rows[1::2].any() and not (quiet & dead).any()
     assert all(torch.equal(quiet[r], outside) for r in torch.nonzero(rows).flatten().tolist())
-    assert not quiet_rows(cfg, 7, plain.clone()).any()  # off in the recipe
+    assert not quiet_rows(cfg, 7, plain.clone()).any()  # off
     assert not quiet_rows(replace(dropped, live_others_from=8), 7, dead.clone()).any()  # not before its first step
 
 
@@ -171,7 +172,8 @@ def test_detach_resampled_leaves_no_gradient_in_the_donor_rows():
 def test_idle_heads_are_reset_once_and_never_trained_again(tmp_path, monkeypatch):
     """idle_reset_step: the heads of neither task get fresh weights at that step and keep them (to the weight decay);
     the circuit's heads keep training."""
-    cfg = replace(HARD_CONFIGS["hard-ioi-s0"], steps=5, n_log_checkpoints=2, d_model=48, d_ff=48, idle_reset_step=2)
+    cfg = replace(HARD_CONFIGS["hard-ioi-s0"], steps=5, n_log_checkpoints=2, d_model=48, d_ff=48, idle_reset_step=2,
+                  formed_check_step=0)
     built, after_reset = [], []
     monkeypatch.setattr(hard, "build_model", lambda *a: built.append(build_model(*a)) or built[-1])
     real_reset = hard.reset_idle_heads
@@ -218,7 +220,7 @@ def test_short_build_writes_confirmation_and_on_a_pass_circuit_json(tmp_path, mo
     name = "hard-induction-s0"
     cfg = replace(HARD_CONFIGS[name], steps=4, n_log_checkpoints=2, d_model=64, d_ff=64, pair_examples=8,
                   formed_check_step=2, formed_top1_min=1.01, max_attempts=2)
-    folder = build_hard(name, tmp_path / "a", cfg=cfg)
+    folder = build_hard(name, tmp_path / name, cfg=cfg)
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["init_seed"] == cfg.seed + hard.INIT_SEED_STRIDE and manifest["final"]["steps"] == 4
     assert [(a["init_seed"], a["stopped_at_step"]) for a in manifest["failed_attempts"]] == [(cfg.seed, 2)]
@@ -227,6 +229,9 @@ def test_short_build_writes_confirmation_and_on_a_pass_circuit_json(tmp_path, mo
         replace(cfg, formed_check_step=4)
     record = planted_status(folder)
     assert record is not None and not record["confirmed"] and not (folder / "circuit.json").exists()
+    monkeypatch.setattr(benchmark_cases, "zoo_dir", lambda: tmp_path)  # the benchmark leaves it out and says why
+    cases, notes = benchmark_cases.known_cases([name])
+    assert cases == [] and len(notes) == 1 and "failed its confirmation rule" in notes[0] and record["failures"][0] in notes[0]
     assert set(record["top1"]) >= {"clean", "primary_ablated", "primary_backup_ablated", "neighbours_ablated"}
     assert set(record["path_patching"]) == set(cfg.edges)
     monkeypatch.setattr(hard, "train_hard", lambda *a, **k: pytest.fail("a complete model was retrained"))

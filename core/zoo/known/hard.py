@@ -1,7 +1,7 @@
 """Planted circuits that are hard to find: many heads, a chain over three or more layers, a backup head, busy neighbours.
 
 The recipe of planted.py (SIIT-style: every head outside the allowed set resample-ablated at every step,
-attention-pattern guides on the planted heads), extended in three ways (issue 43):
+attention-pattern guides on the planted heads), extended for issue 43:
 
 - **Two tasks trained jointly.** Every batch alternates rows of the circuit task and of a second task.
   On a row of one task only that task's planted heads are live; every other head's slice of the attention
@@ -13,27 +13,22 @@ attention-pattern guides on the planted heads), extended in three ways (issue 43
   reads it, a name mover copies the name that is not S). "induction": A B ... C D ... A -> B
   (SwapInductionSpec's prompts: a previous-token head, an induction head that reads it; only two layers deep
   and three heads with the backup, short of the issue's 4 to 10 heads over 3 layers, which hard-ioi meets).
-  A two-hop task (A B ... C B ... A -> C) was tried first and dropped: it stayed at chance top-1 in every
-  run (up to 4000 steps), even with every head live and no guides (docs/benchmark/hard-training.json).
-- **A backup head.** On a random half of the circuit rows the primary head (the mover, the induction head)
-  is resample-ablated as well, so the backup (in the primary's layer, live on every row) learns to do the
-  job alone: the primary ablated alone should cost little, the primary and its backup ablated together the
-  task (the confirmation checks both). Measured so far (docs/benchmark/hard-training.json, third round):
-  this backup does the whole job and the primary almost nothing (its planted edge scored 0.01 in
-  hard-ioi-s0 with the backup a layer later, 0.04 in hard-induction-s0); a backup resampled too (live only
-  where the primary is gone, or on its own random half) left circuits that need both heads (either
-  ablated alone cost 0.82 to 0.85 top-1). Neither passes HARD_RULE yet. The fourth round found why a circuit
-  trained with one of the two always live (`backup_drop_rate`) still needs both: the heads outside the circuit are
-  resampled on every training row, so the circuit never meets their real outputs, and beside one mover they swamp
-  it (the backup alone keeps the task with the others resampled too). `live_others_rate` leaves them live, with no
-  gradient into them, on a share of the circuit rows; from the first step it kept the chain from forming, from
-  once the chain had formed (`live_others_from`) it brought the backup close to the rule (hard-training.json).
+- **A backup head** for the primary (the mover, the induction head): the primary is resample-ablated on a share
+  of the circuit rows (`backup_rate`) and the backup on a share of the others (`backup_drop_rate`, never both),
+  so either does the job alone; the confirmation checks that the primary alone ablated costs little and the
+  two together the task.
+- **Once the chain has formed** (`live_others_from`, `idle_reset_step`): the heads outside the circuit are live,
+  with no gradient into them, on a share of the circuit rows (`live_others_rate`: a circuit trained only beside
+  resampled heads is swamped by their real outputs when one mover is ablated), and the *idle* heads (of neither
+  task) are re-initialized and never trained again (trained only as donors of resampled slices, they learn to
+  copy names, which a confirmation finds as stray effects).
+- **Restarts** (`formed_check_step`): the IOI chain forms in some initializations and not others, and which is
+  visible early, so training restarts from a new initialization when it has not formed by that step.
 
-Output guides (each copying head's own logits scored against the answer) were on in the third round's first
-seven runs and dropped: without them hard-induction-s0 learned its circuit as fast (the same top-1 and edges).
-
-The ground truth is written only when `HARD_RULE` holds (checked by exhaustive patching, as in planted.py);
-confirmation.json keeps the numbers either way.
+The measured rounds behind each choice, and the variants tried and dropped (a two-hop task, output guides,
+detached resampling, guides trained alone first): docs/benchmark/hard-training.json, summarized in
+docs/benchmark/hard-models.md. The ground truth is written only when `HARD_RULE` holds (checked by exhaustive
+patching, as in planted.py); confirmation.json keeps the numbers either way.
 """
 
 from __future__ import annotations
@@ -283,9 +278,15 @@ _INDUCTION_HEADS = dict(circuit={"L0H2": "previous-token", "L1H5": "induction", 
                         roles={"L0H2": "previous-token (at B, to A)", "L1H5": "induction (primary: at the final A, to B)",
                                "L1H1": "backup induction (takes over when L1H5 is ablated)"},
                         edges=("L0H2->L1H5.k", "L0H2->L1H1.k"), primary="L1H5", backup="L1H1")
+# The training that confirmed hard-ioi (docs/benchmark/hard-training.json, fifth round): the primary resampled on half
+# the circuit rows, the backup on a fifth of the others; once the chain has formed (step 5,000) the heads outside the
+# circuit live on half the circuit rows and the idle heads re-initialized and frozen; a restart when the chain has not
+# formed by step 4,000 (train top-1 over the last 500 steps: 0.25 to 0.63 where it formed, at most 0.07 where not)
+_BACKUP_TRAINING = dict(backup_rate=0.5, backup_drop_rate=0.2, live_others_rate=0.5, live_others_from=5000,
+                        idle_reset_step=5000, steps=10000, formed_check_step=4000, formed_top1_min=0.15, max_attempts=3)
 HARD_RECIPES = {
     # 6 x 8 = 48 heads: the IOI chain over layers 1, 2, 4; neighbours do induction in layers 0, 2, 3
-    "hard-ioi": dict(task="ioi", neighbour_task="induction", n_layers=6, **_IOI_HEADS,
+    "hard-ioi": dict(task="ioi", neighbour_task="induction", n_layers=6, **_IOI_HEADS, **_BACKUP_TRAINING,
                      neighbours={"L0H6": "previous-token", "L2H1": "induction", "L3H0": "induction"}),
     # 4 x 8 = 32 heads: induction over layers 0-1 with a backup; neighbours do IOI in layers 0, 1, 2
     "hard-induction": dict(task="induction", neighbour_task="ioi", n_layers=4, **_INDUCTION_HEADS,
