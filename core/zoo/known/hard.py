@@ -281,7 +281,7 @@ _INDUCTION_HEADS = dict(circuit={"L0H2": "previous-token", "L1H5": "induction", 
 # The training that confirmed hard-ioi (docs/benchmark/hard-training.json, fifth round): the primary resampled on half
 # the circuit rows, the backup on a fifth of the others; once the chain has formed (step 5,000) the heads outside the
 # circuit live on half the circuit rows and the idle heads re-initialized and frozen; a restart when the chain has not
-# formed by step 4,000 (train top-1 over the last 500 steps: 0.25 to 0.63 where it formed, at most 0.07 where not)
+# formed by step 4,000 (train top-1 over the last 500 steps: 0.26 to 0.63 where it formed, at most 0.07 where not)
 _BACKUP_TRAINING = dict(backup_rate=0.5, backup_drop_rate=0.2, live_others_rate=0.5, live_others_from=5000,
                         idle_reset_step=5000, steps=10000, formed_check_step=4000, formed_top1_min=0.15, max_attempts=3)
 HARD_RECIPES = {
@@ -383,12 +383,8 @@ def row_resample_hooks(model: Any, cfg: HardConfig, state: dict) -> list:
     row two before (the previous row of the same task); the heads state["quiet"][row, layer] marks (if any) add their
     output with no gradient into them or their output weights. Returns the handles."""
     d_head = cfg.d_model // cfg.n_heads
-    detached = np.ones((cfg.n_layers, cfg.n_heads), dtype=bool)  # [n_layers, n_heads]: whose donor slices are constants
-    if cfg.detach_resampled == "none":
-        detached[:] = False
-    elif cfg.detach_resampled == "idle":
-        detached &= idle_mask(cfg)
-    idle = idle_mask(cfg)  # detached too once state["idle_frozen"] (cfg.idle_reset_step)
+    idle = idle_mask(cfg)  # [n_layers, n_heads]; detached too once state["idle_frozen"] (cfg.idle_reset_step)
+    detached = {"none": np.zeros_like(idle), "idle": idle, "all": np.ones_like(idle)}[cfg.detach_resampled]
     handles = []
     for layer in range(cfg.n_layers):
         def resample(module, args, layer=layer):
