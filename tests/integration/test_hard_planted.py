@@ -73,10 +73,12 @@ def test_training_rows_live_heads_per_task_and_a_randomly_dead_primary():
         assert not dead[1::2, layer, head].any() and dead[0::2, layer, head].all()
     for layer, head in circuit:
         assert dead[1::2, layer, head].all()
-        if f"L{layer}H{head}" != cfg.primary:
-            assert not dead[0::2, layer, head].any()  # the backup included: live on every circuit row
+        if f"L{layer}H{head}" not in (cfg.primary, cfg.backup):
+            assert not dead[0::2, layer, head].any()  # live on every circuit row
     (pl, ph), = parse_heads(cfg.primary)
+    (bl, bh), = parse_heads(cfg.backup)
     assert 0 < int(dead[0::2, pl, ph].sum()) < cfg.batch_size // 2  # resampled on some circuit rows, not all
+    assert not (dead[0::2, pl, ph] & dead[0::2, bl, bh]).any()  # never both
     assert set(guides) == set(cfg.circuit) | set(cfg.neighbours)
     assert (tokens[0::2, -1] != MARK).all() and (tokens[1::2, -1] == MARK).all()  # induction rows even, ioi odd
 
@@ -84,7 +86,7 @@ def test_training_rows_live_heads_per_task_and_a_randomly_dead_primary():
 def test_row_resample_hook_takes_dead_slices_from_two_rows_before():
     cfg = replace(HARD_CONFIGS["hard-induction-s0"], d_model=64, d_ff=64)
     model = build_model(cfg.model_config(), 0).eval()
-    state = {"dead": torch.zeros((6, 4, 8), dtype=torch.bool)}
+    state = {"dead": torch.zeros((6, cfg.n_layers, 8), dtype=torch.bool)}
     state["dead"][:, 1, 3] = True
     state["dead"][2, 1, 5] = True
     seen = {}
@@ -130,7 +132,8 @@ def test_quiet_heads_add_their_output_but_take_no_gradient():
     model = build_model(cfg.model_config(), 0).eval()
     tokens = torch.randint(4, 64, (4, 16))
     plain = model(tokens).logits.detach()
-    state = {"dead": torch.zeros((4, 4, 8), dtype=torch.bool), "quiet": torch.zeros((4, 4, 8), dtype=torch.bool)}
+    state = {"dead": torch.zeros((4, cfg.n_layers, 8), dtype=torch.bool),
+             "quiet": torch.zeros((4, cfg.n_layers, 8), dtype=torch.bool)}
     state["quiet"][:, 1, 3] = True
     seen = {}
     module = output_projection(model, "gpt_neox", 1)
@@ -155,7 +158,7 @@ def test_detach_resampled_leaves_no_gradient_in_the_donor_rows():
     module = output_projection(model, "gpt_neox", 1)
     inputs, seen = {}, {}
     for detach in hard.DETACH_CHOICES:
-        state = {"dead": torch.zeros((4, 4, 8), dtype=torch.bool)}
+        state = {"dead": torch.zeros((4, cfg.n_layers, 8), dtype=torch.bool)}
         state["dead"][:, 1, 3] = state["dead"][:, 1, 4] = True
         hook = module.register_forward_pre_hook(lambda m, args: inputs.__setitem__(detach, args[0]) or args[0].retain_grad())
         handles = row_resample_hooks(model, replace(cfg, detach_resampled=detach), state)  # after: sees the donors
@@ -242,8 +245,8 @@ def test_short_build_writes_confirmation_and_on_a_pass_circuit_json(tmp_path, mo
                                                              "min_true_effect": 1.0, "top1_drops": {}})
     assert hard.install_hard(cfg, folder)["confirmed"]
     circuit = read_circuit(folder)
-    assert str(circuit.heads) == "L0H2,L1H1,L1H5" and str(circuit.distractors) == "L0H6,L1H3,L2H7"
-    assert circuit.roles["L1H1"].startswith("backup") and circuit.task["task"] == "known-induction"
+    assert str(circuit.heads) == "L0H2,L1H5,L2H1" and str(circuit.distractors) == "L1H3,L2H5,L4H2"
+    assert circuit.roles["L2H1"].startswith("backup") and circuit.task["task"] == "known-induction"
     assert all((folder / "checkpoints" / c["revision"] / "circuit.json").is_file() for c in manifest["checkpoints"])
     assert {n for n in KNOWN_MODELS if n.startswith("hard-")} == set(HARD_CONFIGS) and len(HARD_CONFIGS) == 6
     assert HARD_CONFIGS["hard-ioi-s0"].n_layers * HARD_CONFIGS["hard-ioi-s0"].n_heads == 48

@@ -2,7 +2,7 @@
 
 `KNOWN_MODELS` maps a model name to its builder: the hand-wired models (weights written by code,
 handwired.py: `HANDWIRED`), the models trained with a planted circuit (planted.py: `PLANTED`) and the
-hard planted ones (hard.py: `HARD`: 32 and 48 heads, a chain over three or more layers, a backup head,
+hard planted ones (hard.py: `HARD`: 48 heads, a chain over three or more layers, a backup head,
 busy neighbours trained on a second task).
 
 The builder signature, one for every entry:

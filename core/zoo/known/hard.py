@@ -11,8 +11,8 @@ attention-pattern guides on the planted heads), extended for issue 43:
 - **A chain over three or more layers.** "ioi": BOS, distinct fillers, names S, IO, S at random places,
   a final marker -> IO (a duplicate-token head marks the second S, an S-inhibition head at the marker
   reads it, a name mover copies the name that is not S). "induction": A B ... C D ... A -> B
-  (SwapInductionSpec's prompts: a previous-token head, an induction head that reads it; only two layers deep
-  and three heads with the backup, short of the issue's 4 to 10 heads over 3 layers, which hard-ioi meets).
+  (SwapInductionSpec's prompts: a previous-token head, an induction head that reads it and its backup a layer
+  later: three heads over three layers, one short of the issue's 4 to 10 heads, which hard-ioi meets).
 - **A backup head** for the primary (the mover, the induction head): the primary is resample-ablated on a share
   of the circuit rows (`backup_rate`) and the backup on a share of the others (`backup_drop_rate`, never both),
   so either does the job alone; the confirmation checks that the primary alone ablated costs little and the
@@ -274,10 +274,10 @@ _IOI_HEADS = dict(circuit={"L1H3": "duplicate-token", "L2H5": "s-inhibition", "L
                          "L4H2": "name mover (primary: copies IO)",
                          "L4H6": "backup name mover (takes over when L4H2 is ablated)"},
                   edges=("L1H3->L2H5.k", "L2H5->L4H2.q", "L2H5->L4H6.q"), primary="L4H2", backup="L4H6")
-_INDUCTION_HEADS = dict(circuit={"L0H2": "previous-token", "L1H5": "induction", "L1H1": "induction"},
+_INDUCTION_HEADS = dict(circuit={"L0H2": "previous-token", "L1H5": "induction", "L2H1": "induction"},
                         roles={"L0H2": "previous-token (at B, to A)", "L1H5": "induction (primary: at the final A, to B)",
-                               "L1H1": "backup induction (takes over when L1H5 is ablated)"},
-                        edges=("L0H2->L1H5.k", "L0H2->L1H1.k"), primary="L1H5", backup="L1H1")
+                               "L2H1": "backup induction (takes over when L1H5 is ablated)"},
+                        edges=("L0H2->L1H5.k", "L0H2->L2H1.k"), primary="L1H5", backup="L2H1")
 # The training that confirmed hard-ioi (docs/benchmark/hard-training.json, fifth round): the primary resampled on half
 # the circuit rows, the backup on a fifth of the others; once the chain has formed (step 5,000) the heads outside the
 # circuit live on half the circuit rows and the idle heads re-initialized and frozen; a restart when the chain has not
@@ -288,9 +288,12 @@ HARD_RECIPES = {
     # 6 x 8 = 48 heads: the IOI chain over layers 1, 2, 4; neighbours do induction in layers 0, 2, 3
     "hard-ioi": dict(task="ioi", neighbour_task="induction", n_layers=6, **_IOI_HEADS, **_BACKUP_TRAINING,
                      neighbours={"L0H6": "previous-token", "L2H1": "induction", "L3H0": "induction"}),
-    # 4 x 8 = 32 heads: induction over layers 0-1 with a backup; neighbours do IOI in layers 0, 1, 2
-    "hard-induction": dict(task="induction", neighbour_task="ioi", n_layers=4, **_INDUCTION_HEADS,
-                        neighbours={"L0H6": "duplicate-token", "L1H3": "s-inhibition", "L2H7": "name-mover"}),
+    # 6 x 8 = 48 heads: induction over layers 0-2 with a backup a layer after its primary; neighbours do IOI where
+    # hard-ioi's circuit is (at 4 layers, with them in layers 0-2, they never learned it); the backup resampled more
+    # often than hard-ioi's (at 0.5 / 0.2 the primary's planted edge scored 0.082, at 0.4 / 0.3 0.309: fifth round)
+    "hard-induction": dict(task="induction", neighbour_task="ioi", n_layers=6, **_INDUCTION_HEADS,
+                           **{**_BACKUP_TRAINING, "backup_rate": 0.4, "backup_drop_rate": 0.3},
+                           neighbours={"L1H3": "duplicate-token", "L2H5": "s-inhibition", "L4H2": "name-mover"}),
 }
 SEEDS = (0, 1, 2)
 HARD_CONFIGS: dict[str, HardConfig] = {f"{base}-s{seed}": HardConfig(name=f"{base}-s{seed}", seed=seed, **recipe)
