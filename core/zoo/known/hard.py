@@ -29,6 +29,10 @@ The measured rounds behind each choice, and the variants tried and dropped (a tw
 detached resampling, guides trained alone first): docs/benchmark/hard-training.json, summarized in
 docs/benchmark/hard-models.md. The ground truth is written only when `HARD_RULE` holds (checked by exhaustive
 patching, as in planted.py); confirmation.json keeps the numbers either way.
+
+Long because one recipe is read here top to bottom: the two tasks' rows and guides, the config with every training
+knob, the per-row hooks and the training loop that use them, and the rule that confirms the result; split, each
+knob's effect would be in another file from its definition.
 """
 
 from __future__ import annotations
