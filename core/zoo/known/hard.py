@@ -430,6 +430,11 @@ INIT_SEED_STRIDE = 1000  # attempt a's initialization seed: cfg.seed + a * INIT_
 FORMED_WINDOW = 50  # logged steps (every 10th) averaged at the check: the last 500 steps
 
 
+def init_seed_of(cfg: HardConfig, attempt: int) -> int:
+    """The initialization seed of training attempt `attempt` (0 first) of `cfg`."""
+    return cfg.seed + attempt * INIT_SEED_STRIDE
+
+
 def train_hard(cfg: HardConfig, out_dir: Path, stop_after_steps: int | None = None,
                progress: Callable[[int, int, float], None] | None = None, attempt: int = 0,
                failed_attempts: tuple[dict, ...] = ()) -> dict:
@@ -438,7 +443,7 @@ def train_hard(cfg: HardConfig, out_dir: Path, stop_after_steps: int | None = No
     attempts' records, kept in the manifest."""
     out_dir = Path(out_dir)
     model_cfg = cfg.model_config()
-    init_seed = cfg.seed + attempt * INIT_SEED_STRIDE
+    init_seed = init_seed_of(cfg, attempt)
     checked = bool(cfg.formed_check_step) and attempt < cfg.max_attempts - 1
     model = build_model(model_cfg, init_seed)
     model.train()
@@ -447,6 +452,7 @@ def train_hard(cfg: HardConfig, out_dir: Path, stop_after_steps: int | None = No
     total = int(cfg.steps if stop_after_steps is None else min(cfg.steps, stop_after_steps))
     planned = set(log_checkpoint_steps(total, cfg.n_log_checkpoints))
     state: dict = {}
+    frozen: list[tuple[torch.nn.Parameter, tuple]] = []  # the idle heads' weight slices, once reset (idle_reset_step)
     handles = row_resample_hooks(model, cfg, state)
     checkpoints, curves = [], {"step": [], "task_loss": [], "accuracy": [], "neighbour_accuracy": [], "pattern_loss": []}
     started = time.perf_counter()
@@ -454,7 +460,7 @@ def train_hard(cfg: HardConfig, out_dir: Path, stop_after_steps: int | None = No
         for step in range(total + 1):
             if cfg.idle_reset_step and step == cfg.idle_reset_step:
                 reset_idle_heads(model, cfg, optimizer, init_seed * 7 + 1)
-                state["idle_frozen"] = True
+                frozen, state["idle_frozen"] = idle_slices(model, cfg), True
             tokens, targets, state["dead"], guides = training_rows(cfg, step)
             state["quiet"] = quiet_rows(cfg, step, state["dead"])
             out = model(tokens, output_attentions=True)
@@ -487,9 +493,8 @@ def train_hard(cfg: HardConfig, out_dir: Path, stop_after_steps: int | None = No
             optimizer.zero_grad(set_to_none=True)
             task_weight = 0.0 if step < cfg.pattern_only_steps else 1.0
             (task_weight * task_loss + cfg.pattern_weight * pattern_loss).backward()
-            if state.get("idle_frozen"):
-                for param, index in idle_slices(model, cfg):
-                    param.grad[index] = 0.0
+            for param, index in frozen:
+                param.grad[index] = 0.0
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()
             if progress is not None:
@@ -667,7 +672,7 @@ def build_hard(name: str, out_dir: Path | None = None, progress: bool | Callable
                 train_hard(cfg, tmp, progress=callback, attempt=attempt, failed_attempts=tuple(failed))
                 break
             except ChainNotFormed as exc:
-                failed.append({"init_seed": cfg.seed + attempt * INIT_SEED_STRIDE, "stopped_at_step": exc.step,
+                failed.append({"init_seed": init_seed_of(cfg, attempt), "stopped_at_step": exc.step,
                                "train_top1": round(exc.top1, 4)})
                 shutil.rmtree(Path(tmp) / "checkpoints", ignore_errors=True)
             finally:
