@@ -252,6 +252,30 @@ def test_short_build_writes_confirmation_and_on_a_pass_circuit_json(tmp_path, mo
     assert HARD_CONFIGS["hard-ioi-s0"].n_layers * HARD_CONFIGS["hard-ioi-s0"].n_heads == 48
 
 
+def test_a_model_that_fails_the_rule_is_retrained_from_the_next_initialization(tmp_path, monkeypatch):
+    """An unconfirmed attempt is recorded with its failures and cleared; the next initialization is kept when it
+    passes. A model built under other restart knobs is still the recipe's (RESTART_FIELDS), another training is not."""
+    name = "hard-induction-s1"
+    cfg = replace(HARD_CONFIGS[name], steps=3, n_log_checkpoints=2, d_model=32, d_ff=32, formed_check_step=0,
+                  max_attempts=3)
+    calls = []
+
+    def confirm(cfg, folder):  # the first attempt fails the rule, the second passes
+        calls.append(json.loads((folder / "manifest.json").read_text())["init_seed"])
+        return {"confirmed": len(calls) == 2, "failures": [] if len(calls) == 2 else ["clean top-1 0.5 < 0.9"],
+                "bounds": {}}
+
+    monkeypatch.setattr(hard, "confirm_hard", confirm)
+    folder = build_hard(name, tmp_path / name, cfg=cfg)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert calls == [cfg.seed, cfg.seed + hard.INIT_SEED_STRIDE] == [a["init_seed"] for a in manifest["failed_attempts"]] + [manifest["init_seed"]]
+    assert manifest["failed_attempts"][0]["failures"] == ["clean top-1 0.5 < 0.9"] and (folder / "circuit.json").is_file()
+    assert sorted(p.name for p in (folder / "checkpoints").iterdir()) == sorted(c["revision"] for c in manifest["checkpoints"])
+    assert build_hard(name, folder, cfg=replace(cfg, max_attempts=5, formed_check_step=1)) == folder and len(calls) == 2
+    with pytest.raises(HeadLabError, match="another config"):
+        build_hard(name, folder, cfg=replace(cfg, backup_rate=0.3))
+
+
 def test_sweep_roc_on_hand_made_points():
     truth = np.array([True, True, False, False, False])
     roc = sweep_roc([0.01, 0.1], [[0, 1, 2], [0]], truth)

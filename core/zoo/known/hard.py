@@ -22,8 +22,9 @@ attention-pattern guides on the planted heads), extended for issue 43:
   resampled heads is swamped by their real outputs when one mover is ablated), and the *idle* heads (of neither
   task) are re-initialized and never trained again (trained only as donors of resampled slices, they learn to
   copy names, which a confirmation finds as stray effects).
-- **Restarts** (`formed_check_step`): the IOI chain forms in some initializations and not others, and which is
-  visible early, so training restarts from a new initialization when it has not formed by that step.
+- **Restarts** (`formed_check_step`, `max_attempts`): the IOI chain forms in some initializations and not others,
+  and which is visible early, so training restarts from a new initialization when it has not formed by that step, or
+  when the trained model fails the rule; the manifest records every failed attempt, the last runs to the end unchecked.
 
 The measured rounds behind each choice, and the variants tried and dropped (a two-hop task, output guides,
 detached resampling, guides trained alone first): docs/benchmark/hard-training.json, summarized in
@@ -219,7 +220,8 @@ class HardConfig(JsonResult):
     idle_reset_step: int = 0
     # the chain forms in some initializations and not others (hard-training.json): at this step (0: never) the circuit
     # task's train top-1 over the last 500 steps must reach formed_top1_min, else training restarts from a new
-    # initialization (the same rows), at most max_attempts times; the last attempt runs to the end unchecked
+    # initialization (the same rows); so it does when the trained model fails HARD_RULE; at most max_attempts
+    # initializations, the last one run to the end and kept unchecked (RESTART_FIELDS)
     formed_check_step: int = 0
     formed_top1_min: float = 0.25
     max_attempts: int = 1
@@ -287,7 +289,7 @@ _INDUCTION_HEADS = dict(circuit={"L0H2": "previous-token", "L1H5": "induction", 
 # circuit live on half the circuit rows and the idle heads re-initialized and frozen; a restart when the chain has not
 # formed by step 4,000 (train top-1 over the last 500 steps: 0.26 to 0.63 where it formed, at most 0.07 where not)
 _BACKUP_TRAINING = dict(backup_rate=0.5, backup_drop_rate=0.2, live_others_rate=0.5, live_others_from=5000,
-                        idle_reset_step=5000, steps=10000, formed_check_step=4000, formed_top1_min=0.15, max_attempts=3)
+                        idle_reset_step=5000, steps=10000, formed_check_step=4000, formed_top1_min=0.15, max_attempts=5)
 HARD_RECIPES = {
     # 6 x 8 = 48 heads: the IOI chain over layers 1, 2, 4; neighbours do induction in layers 0, 2, 3
     "hard-ioi": dict(task="ioi", neighbour_task="induction", n_layers=6, **_IOI_HEADS, **_BACKUP_TRAINING,
@@ -426,6 +428,10 @@ class ChainNotFormed(Exception):
         self.step, self.top1 = step, top1
 
 
+# The knobs that decide which initialization is kept, not how one trains (each attempt's training is the same for any
+# of their values that lets it run; the manifest's init_seed names the one kept): a built model is the registered
+# recipe's whatever they were when it was built.
+RESTART_FIELDS = ("formed_check_step", "formed_top1_min", "max_attempts")
 INIT_SEED_STRIDE = 1000  # attempt a's initialization seed: cfg.seed + a * INIT_SEED_STRIDE
 FORMED_WINDOW = 50  # logged steps (every 10th) averaged at the check: the last 500 steps
 
@@ -433,6 +439,11 @@ FORMED_WINDOW = 50  # logged steps (every 10th) averaged at the check: the last 
 def init_seed_of(cfg: HardConfig, attempt: int) -> int:
     """The initialization seed of training attempt `attempt` (0 first) of `cfg`."""
     return cfg.seed + attempt * INIT_SEED_STRIDE
+
+
+def training_config(cfg_json: dict) -> dict:
+    """A HardConfig's JSON without RESTART_FIELDS: what decides the weights of an initialization."""
+    return {k: v for k, v in cfg_json.items() if k not in RESTART_FIELDS}
 
 
 def train_hard(cfg: HardConfig, out_dir: Path, stop_after_steps: int | None = None,
@@ -652,7 +663,9 @@ def build_hard(name: str, out_dir: Path | None = None, progress: bool | Callable
     """Train, confirm and write hard model `name` into `out_dir` (default zoo_dir()/<name>); returns the folder.
 
     As planted.build_planted: one unit of work inside atomic_directory (complete or absent); a complete folder of
-    the same config is kept, one of another config refused. cfg: a variant of the registered recipe (tests).
+    the same training config (training_config) is kept, one of another refused. An attempt that stops at the chain
+    check or fails HARD_RULE is recorded and cleared, and the next initialization trained; the last is kept whatever
+    its confirmation says. cfg: a variant of the registered recipe (tests).
     """
     if cfg is None:
         if name not in HARD_CONFIGS:
@@ -660,25 +673,38 @@ def build_hard(name: str, out_dir: Path | None = None, progress: bool | Callable
         cfg = HARD_CONFIGS[name]
     final = Path(out_dir) if out_dir is not None else zoo_model_dir(name)
     if planted_status(final) is not None:
-        if (read_manifest(final)["config"].get("train") or {}).get("hard") != cfg.to_json():
+        built = (read_manifest(final)["config"].get("train") or {}).get("hard") or {}
+        if training_config(built) != training_config(cfg.to_json()):
             raise HeadLabError(f"{final} holds a hard planted model with another config; delete that folder to retrain it.")
         return final
     with atomic_directory(final) as tmp:
         failed: list[dict] = []
-        for attempt in range(max(1, cfg.max_attempts)):
+        for attempt in range(cfg.max_attempts):
             callback, close = _progress(progress, name if attempt == 0 else f"{name} (initialization {attempt + 1})",
                                         cfg.steps)
             try:
                 train_hard(cfg, tmp, progress=callback, attempt=attempt, failed_attempts=tuple(failed))
-                break
             except ChainNotFormed as exc:
                 failed.append({"init_seed": init_seed_of(cfg, attempt), "stopped_at_step": exc.step,
                                "train_top1": round(exc.top1, 4)})
-                shutil.rmtree(Path(tmp) / "checkpoints", ignore_errors=True)
+                _clear_attempt(Path(tmp))
+                continue
             finally:
                 close()
-        install_hard(cfg, tmp)
+            record = install_hard(cfg, tmp)
+            if record["confirmed"] or attempt == cfg.max_attempts - 1:
+                break
+            failed.append({"init_seed": init_seed_of(cfg, attempt), "stopped_at_step": cfg.steps,
+                           "train_top1": record["final"]["train_accuracy"], "failures": record["failures"]})
+            _clear_attempt(Path(tmp))
     return final
+
+
+def _clear_attempt(folder: Path) -> None:
+    """Remove a failed attempt's checkpoints, manifest and confirmation from the build folder."""
+    shutil.rmtree(folder / "checkpoints", ignore_errors=True)
+    for name in (MANIFEST, CONFIRMATION):
+        (folder / name).unlink(missing_ok=True)
 
 
 def install_hard(cfg: HardConfig, folder: Path) -> dict:
