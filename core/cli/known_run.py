@@ -37,6 +37,21 @@ def _row(name: str) -> dict:
     return row
 
 
+def bounds_text(row: dict) -> str:
+    """What a built model's listing line says of its circuit.json bounds: the logit difference clean and with the
+    circuit or every other head ablated, or top-1 where that is what it records (the hard models)."""
+    b = row.get("bounds") or {}
+    if not row["built"]:
+        return ""
+    if "true_ablated" in b:
+        return (f"  logit diff {b['clean']:.2f} clean, {b['true_ablated']:.3f} circuit ablated, "
+                f"{b.get('others_ablated', float('nan')):.2f} others ablated ({row['ablation']})")
+    if "top1_true_ablated" in b:
+        return (f"  top-1 {b['top1_clean']:.3f} clean, {b['top1_true_ablated']:.3f} circuit ablated, "
+                f"{b['top1_others_ablated']:.3f} others ablated ({row['ablation']})")
+    return ""
+
+
 def run_known(args: argparse.Namespace) -> dict:
     """Build what was asked, then list every known model (name, kind, heads, built or not)."""
     built = []
@@ -53,12 +68,7 @@ def run_known(args: argparse.Namespace) -> dict:
     for row in rows:
         heads = ",".join(row.get("heads", [])) or "-"
         state = "built" if row["built"] else "broken" if row.get("broken") else "not built"
-        extra = ""
-        if row["built"] and "clean" in row["bounds"]:
-            b = row["bounds"]
-            extra = (f"  logit diff {b['clean']:.2f} clean, {b.get('true_ablated', float('nan')):.3f} circuit ablated, "
-                     f"{b.get('others_ablated', float('nan')):.2f} others ablated ({row['ablation']})")
-        print(f"{row['name']:28s} {row['kind']:9s} {state:9s} {heads:24s}{extra}")
+        print(f"{row['name']:28s} {row['kind']:9s} {state:9s} {heads:24s}{bounds_text(row)}")
     for row in rows:
         if row.get("broken"):
             print(f"note: {row['name']}: {row['broken']}")

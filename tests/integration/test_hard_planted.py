@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from core.cli.known_run import bounds_text
 from core.errors import HeadLabError
 from core.heads import parse_heads
 from core.pipelines import benchmark_cases
@@ -274,6 +275,15 @@ def test_a_model_that_fails_the_rule_is_retrained_from_the_next_initialization(t
     assert build_hard(name, folder, cfg=replace(cfg, max_attempts=5, formed_check_step=1)) == folder and len(calls) == 2
     with pytest.raises(HeadLabError, match="another config"):
         build_hard(name, folder, cfg=replace(cfg, backup_rate=0.3))
+
+
+def test_known_lists_a_hard_model_by_the_top1_its_circuit_records():
+    row = {"built": True, "ablation": "resample", "bounds": {"clean": 14.86, "corrupted": -14.1, "top1_clean": 0.9609,
+                                                             "top1_true_ablated": 0.0469, "top1_others_ablated": 0.9766}}
+    assert bounds_text(row) == "  top-1 0.961 clean, 0.047 circuit ablated, 0.977 others ablated (resample)"
+    row["bounds"].update(true_ablated=2.6864, others_ablated=31.54)  # a planted model records the logit difference
+    assert bounds_text(row) == "  logit diff 14.86 clean, 2.686 circuit ablated, 31.54 others ablated (resample)"
+    assert bounds_text({**row, "built": False}) == ""
 
 
 def test_sweep_roc_on_hand_made_points():
