@@ -15,6 +15,7 @@ from core.errors import HeadLabError
 from core.figures.benchmark import roc_figure, score_table_figure
 from core.figures.bundle import export_bundle
 from core.pipelines.benchmark import BenchmarkSettings, QUICK, benchmark, known_cases
+from core.pipelines.benchmark_report import HEAD_TO_HEAD, SEPARATION_MIN_GAP
 from core.stats.recovery import MEASURE_LABELS, MEASURES
 from core.workspace import atomic_write_bytes, atomic_write_json, check_output_folder
 
@@ -22,6 +23,7 @@ REPORT_JSON, REPORT_MD = "report.json", "report.md"
 FIGURE_FORMATS = ("png",)
 GOALS = {"activation patching": 0.99, "attribution patching": 0.95}  # head AUROC on every hand-wired model (issue 34)
 VERDICT_GOAL = 0.95
+RANKED_MIN_HEADS = 24  # report.md ranks the true heads and edges of models this size or larger (the hard ones)
 
 
 def settings_from_args(args: argparse.Namespace) -> BenchmarkSettings:
@@ -135,19 +137,35 @@ def separation_markdown(report: dict) -> list[str]:
     """report.md's sections on ACDC's threshold sweep and on where the methods separate (issue 43); none for a
     report made before them."""
     out = []
+    between = [r for r in report["table"] if r.get("level") == HEAD_TO_HEAD and r.get("n_scored")]
+    if between:
+        tasks = list(dict.fromkeys(r["task"] for r in between))
+        roc, ap = _rows(report, HEAD_TO_HEAD, "roc_auc"), _rows(report, HEAD_TO_HEAD, "average_precision")
+        out += ["", "### Edges between heads", "",
+                "The same scores on the edges between two heads only. A planted circuit's truth names the "
+                "head-to-head edges it planted, and nothing of the edges from the embeddings, through the MLPs or "
+                "into the logits that its heads also use: on the full graph those count as false, so a method that "
+                "ranks them high loses precision for finding real parts of the circuit. ROC AUC / PR AUC (mean over "
+                "seeds [interval]):", "",
+                "| method | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
+        for method in report["edge_methods"]:
+            cells = [f"{_cell(roc[(method['name'], t)])} / {_cell(ap[(method['name'], t)])}" for t in tasks]
+            out.append(f"| {method['name']} | " + " | ".join(cells) + " |")
     sweep = report.get("acdc_sweep")
     if sweep and sweep["table"]:
         out += ["", "### ACDC's threshold sweep", "",
                 f"ACDC run at each threshold of {', '.join(map(str, sweep['thresholds']))}; ROC: {sweep['curve']}. "
                 "The area is the figure ACDC's paper reports (its anchors above).", "",
-                "| task | seeds | sweep ROC AUC [interval] |", "|---|---|---|"]
-        out += [f"| {row['task']} | {row['n_scored']} | {_cell(row)} |" for row in sweep["table"]]
+                "| task | edges | seeds | sweep ROC AUC [interval] |", "|---|---|---|---|"]
+        out += [f"| {row['task']} | {'between heads' if row.get('level') == HEAD_TO_HEAD else 'all'} | "
+                f"{row['n_scored']} | {_cell(row)} |" for row in sweep["table"]]
     if "separations" in report:
         out += ["", "## Where the methods separate", "",
                 "Pairs of methods whose bootstrap intervals over a task's seeds do not overlap (the first lies "
-                "wholly above the second)." if report["separations"] else
-                "No two methods' intervals over seeds are disjoint on any task: on these models every method that "
-                "scores heads or edges at all ranks the circuit the same way, within the seeds' spread.", ""]
+                f"wholly above the second) and whose means differ by at least {SEPARATION_MIN_GAP}." if report["separations"] else
+                "No two methods' intervals over seeds are disjoint on any task (with means at least "
+                f"{SEPARATION_MIN_GAP} apart): on these models every method that scores heads or edges at all ranks "
+                "the circuit the same way, within the seeds' spread.", ""]
         if report["separations"]:
             out += ["| level | task | measure | above [interval] | below [interval] |", "|---|---|---|---|---|"]
             for s in report["separations"]:
@@ -155,6 +173,37 @@ def separation_markdown(report: dict) -> list[str]:
                            f"[{_fmt(s['above_interval'][0], 2)}, {_fmt(s['above_interval'][1], 2)}] | {s['below']} "
                            f"{_fmt(s['below_mean'])} [{_fmt(s['below_interval'][0], 2)}, "
                            f"{_fmt(s['below_interval'][1], 2)}] |")
+    out += why_markdown(report)
+    return out
+
+
+def why_markdown(report: dict, min_heads: int = RANKED_MIN_HEADS) -> list[str]:
+    """Where each method puts the true heads and edges of the models of min_heads heads or more (the hard ones):
+    a backup or a head on saturated attention ranked low shows in the head ranks, a method's precision in what it
+    ranks above the planted edges."""
+    shapes = {case["name"]: case["shape"][0] * case["shape"][1] for case in report["models"]}
+    heads = [r for r in report.get("true_head_ranks", []) if shapes.get(r["model"], 0) >= min_heads]
+    edges = [r for r in report.get("true_edge_ranks", []) if shapes.get(r["model"], 0) >= min_heads]
+    if not heads and not edges:
+        return []
+    out = ["", f"### Why: where each method puts the true heads and edges (models of {min_heads} heads or more)", "",
+           "Rank of each true head among all heads by the method's score (1 = highest; ties share their mean rank; "
+           "benchmark_report.true_head_ranks).", "", "| model | method | " + "true head: rank |", "|---|---|---|"]
+    for r in heads:
+        out.append(f"| {r['model']} | {r['method']} | " + ", ".join(f"{h}: {v:g}" for h, v in r["ranks"].items())
+                   + f" (of {r['n_heads']}) |")
+    if edges:
+        out += ["", "Rank of each planted edge among all edges and among the edges between heads, and the edges "
+                "not in the truth scored above the lowest planted one (how many, and the first by score; "
+                "benchmark_report.true_edge_ranks).", "",
+                "| model | method | planted edge: rank of all / between heads | scored above the lowest | first of them |",
+                "|---|---|---|---|---|"]
+        for r in edges:
+            ranks = ", ".join(f"{e}: {v:g} / {r['ranks_head_to_head'].get(e, float('nan')):g}"
+                              for e, v in r["ranks"].items())
+            above = ", ".join(f"{e} {v:.3g}" for e, v in r["false_above"]) or "-"
+            out.append(f"| {r['model']} | {r['method']} | {ranks} (of {r['n_edges']} / {r['n_head_to_head']}) | "
+                       f"{r['n_false_above']} | {above} |")
     return out
 
 

@@ -62,8 +62,9 @@ from core.pipelines.benchmark_cases import (BENCHMARK_VERSION, CACHE_KIND, Bench
 from core.pipelines.benchmark_edges import (ACDC_SWEEP, ACDC_THRESHOLD, EDGE_LABELS, EDGE_METHOD_NAMES,
                                             EDGE_METHODS, IG_STEPS, EdgeMethod, EdgeScoresOf)
 from core.pipelines.benchmark_report import (EXPECTED, GROUP_KINDS, PUBLISHED_ANCHORS, PUBLISHED_LABEL,
-                                             report_fingerprint, score_table, separations, sweep_roc, sweep_table,
-                                             true_head_ranks, verdict_accuracy)
+                                             head_to_head_scope, report_fingerprint, score_table, separations,
+                                             sweep_roc, sweep_table, true_edge_ranks, true_head_ranks,
+                                             verdict_accuracy)
 from core.pipelines.proposers import DISPOSER, CircuitProposal, dispose, probe_gradient_magnitudes, top_heads
 from core.pipelines.recipe import screen_checkpoint, spectral_left_out
 from core.probe import head_stats
@@ -466,6 +467,13 @@ def run_case(case: BenchmarkCase, settings: BenchmarkSettings, device: str = "cp
                 scored.scores, truth_edges, settings.n_draws, settings.perm_seed).items()}
             if scored.sweep:
                 entry["sweep_roc"] = sweep_roc(scored.sweep["thresholds"], scored.sweep["kept"], truth_edges)
+            scope = head_to_head_scope(scored.edges, scored.scores, truth_edges, scored.sweep)
+            if scope is not None:  # the same scores on the edges between two heads (the truth's scope when planted)
+                scores_in, truth_in, sweep_in = scope
+                entry["recovery_heads"] = {m: r.to_json() for m, r in recovery_all(
+                    scores_in, truth_in, settings.n_draws, settings.perm_seed).items()}
+                if sweep_in:
+                    entry["sweep_roc_heads"] = sweep_roc(sweep_in["thresholds"], sweep_in["kept"], truth_in)
         edge_methods.append(entry)
         tick(f"{case.name}: {method.name}")
     groups: list[tuple[str, str, HeadSet]] = [("truth", "true circuit", case.truth)]
@@ -559,6 +567,7 @@ def benchmark(cases: Sequence[BenchmarkCase], settings: BenchmarkSettings = Benc
                                  "their upper envelope, (1, 1); trapezoid area (benchmark_report.sweep_roc)")},
         "separations": separations(table) + separations(table, "average_precision"),
         "true_head_ranks": true_head_ranks(results),
+        "true_edge_ranks": true_edge_ranks(results),
         "verdicts": verdict_accuracy(results),
         "published": {"label": PUBLISHED_LABEL, "rows": [dict(row) for row in PUBLISHED_ANCHORS]},
         "provenance": {"versions": package_versions(), "device": ", ".join(computed_on) or device,

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
+from core.ablation.edges.graph import Edge
 from core.stats.recovery import MEASURES, seed_interval
 
 GROUP_KINDS = ("truth", "proposal", "random", "distractor")
@@ -37,6 +38,10 @@ PUBLISHED_ANCHORS = (
 PUBLISHED_LABEL = "published numbers on other models (not HeadLab runs)"
 
 
+HEAD_TO_HEAD = "edge (head to head)"  # the score table's level of the edges between two heads (head_to_head_scope)
+NO_HEAD_TO_HEAD = "the circuit lists no edge between two heads, or only such edges"
+
+
 def score_table(results: Sequence[dict], settings) -> list[dict]:
     """One row per (level, method, task, measure): the mean over the task's seeds with its bootstrap interval,
     the mean permutation baseline and the largest permutation p; a method with no score says why."""
@@ -44,13 +49,15 @@ def score_table(results: Sequence[dict], settings) -> list[dict]:
     tasks: dict[str, list[dict]] = {}
     for result in results:
         tasks.setdefault(result["case"]["task"], []).append(result)
-    for level, key, names in (("head", "methods", settings.method_names), ("edge", "edge_methods",
-                                                                             settings.edge_method_names)):
+    for level, key, names in (("head", "methods", settings.method_names),
+                              ("edge", "edge_methods", settings.edge_method_names),
+                              (HEAD_TO_HEAD, "edge_methods", settings.edge_method_names)):
+        recovery = "recovery_heads" if level == HEAD_TO_HEAD else "recovery"
         for method in names:
             for task, group in tasks.items():
                 entries = [next(m for m in r[key] if m["method"] == method) for r in group]
-                scored = [e for e in entries if e.get("recovery")]
-                missing = sorted({e["not_applicable"] for e in entries if not e.get("recovery")})
+                scored = [{**e, "recovery": e[recovery]} for e in entries if e.get(recovery)]
+                missing = sorted({e["not_applicable"] or NO_HEAD_TO_HEAD for e in entries if not e.get(recovery)})
                 for measure in MEASURES:
                     row = {"level": level, "method": method, "task": task, "measure": measure,
                            "models": [r["case"]["name"] for r in group], "n_scored": len(scored),
@@ -108,16 +115,35 @@ def sweep_roc(thresholds: Sequence[float], kept: Sequence[Sequence[int]], truth:
     return {"points": points, "auc": auc, "n_true": n_true, "n_false": n_false}
 
 
+def head_to_head_scope(edges: Sequence[str], scores: np.ndarray, truth: np.ndarray,
+                       sweep: Optional[dict] = None) -> Optional[tuple[np.ndarray, np.ndarray, Optional[dict]]]:
+    """The edges between two heads only: (scores, truth, sweep with its kept indices renumbered), or None when the
+    truth has no such edge. A planted circuit's truth names the head-to-head edges it planted and nothing of the
+    embeddings', MLPs' and logits' edges its heads also use, which the full graph then counts as false."""
+    inside = np.array([Edge.parse(text).between_heads for text in edges], dtype=bool)  # [edge]
+    if not truth[inside].any() or truth[inside].all():
+        return None
+    position = np.cumsum(inside) - 1  # [edge] -> index among the head-to-head edges
+    renumbered = None
+    if sweep:
+        renumbered = {"thresholds": list(sweep["thresholds"]),
+                      "kept": [[int(position[i]) for i in kept if inside[i]] for kept in sweep["kept"]]}
+    return np.asarray(scores, dtype=np.float64)[inside], truth[inside], renumbered
+
+
 def sweep_table(results: Sequence[dict], settings) -> list[dict]:
     """Per task: the mean over seeds of ACDC's threshold-sweep ROC AUC (sweep_roc) with its bootstrap interval."""
-    tasks: dict[str, list[float]] = {}
-    for result in results:
-        for entry in result["edge_methods"]:
-            if entry.get("sweep_roc"):
-                tasks.setdefault(result["case"]["task"], []).append(entry["sweep_roc"]["auc"])
-    return [{"method": "ACDC (threshold sweep)", "task": task, "n_scored": len(values),
-             **seed_interval(values, n_boot=settings.n_boot, seed=settings.boot_seed).to_json()}
-            for task, values in tasks.items()]
+    rows = []
+    for level, key in (("edge", "sweep_roc"), (HEAD_TO_HEAD, "sweep_roc_heads")):
+        tasks: dict[str, list[float]] = {}
+        for result in results:
+            for entry in result["edge_methods"]:
+                if entry.get(key):
+                    tasks.setdefault(result["case"]["task"], []).append(entry[key]["auc"])
+        rows += [{"method": "ACDC (threshold sweep)", "level": level, "task": task, "n_scored": len(values),
+                  **seed_interval(values, n_boot=settings.n_boot, seed=settings.boot_seed).to_json()}
+                 for task, values in tasks.items()]
+    return rows
 
 
 def true_head_ranks(results: Sequence[dict]) -> list[dict]:
@@ -142,14 +168,49 @@ def true_head_ranks(results: Sequence[dict]) -> list[dict]:
     return rows
 
 
-def separations(table: Sequence[dict], measure: str = "roc_auc") -> list[dict]:
+def true_edge_ranks(results: Sequence[dict], n_above: int = 5) -> list[dict]:
+    """Per model and edge method: the rank of each true edge among all edges and among the edges between two heads
+    (1 = highest; ties share their mean rank), and the false edges scored above the lowest-ranked true edge (the
+    first n_above by score): what a method ranks above the planted edges shows why its precision is what it is."""
+    rows = []
+    for result in results:
+        truth = list(result["case"]["edges"])
+        for entry in result["edge_methods"]:
+            if entry.get("scores") is None or not truth:
+                continue
+            edges = list(entry["edges"])
+            scores = np.asarray(entry["scores"], dtype=np.float64)  # [edge]
+            inside = np.array([Edge.parse(text).between_heads for text in edges], dtype=bool)
+
+            def rank(value: float, pool: np.ndarray) -> float:
+                return float((pool > value).sum() + ((pool == value).sum() + 1) / 2.0)
+
+            values = {text: scores[edges.index(text)] for text in truth}
+            lowest = min(values.values())
+            false_above = [i for i in np.argsort(-scores, kind="stable") if scores[i] > lowest and edges[i] not in values]
+            rows.append({"model": result["case"]["name"], "task": result["case"]["task"], "method": entry["method"],
+                         "n_edges": len(edges), "n_head_to_head": int(inside.sum()),
+                         "ranks": {text: rank(v, scores) for text, v in values.items()},
+                         "ranks_head_to_head": {text: rank(v, scores[inside]) for text, v in values.items()
+                                                if Edge.parse(text).between_heads},
+                         "n_false_above": len(false_above),
+                         "false_above": [[edges[i], float(scores[i])] for i in false_above[:n_above]]})
+    return rows
+
+
+SEPARATION_MIN_GAP = 0.01  # means closer than this do not separate, however narrow their intervals (0.9998 vs 0.9995)
+
+
+def separations(table: Sequence[dict], measure: str = "roc_auc", min_gap: float = SEPARATION_MIN_GAP) -> list[dict]:
     """Pairs of methods on one task and level whose bootstrap intervals over seeds do not overlap: method `above`'s
-    interval lies wholly above method `below`'s (a task of one seed has no interval and is left out)."""
+    interval lies wholly above method `below`'s, and its mean at least min_gap above (a task of one seed has no
+    interval and is left out)."""
     rows = [r for r in table if r["measure"] == measure and r.get("low") is not None and r.get("n_scored", 0) > 1]
     out = []
     for a in rows:
         for b in rows:
-            if (a["level"], a["task"]) == (b["level"], b["task"]) and a["low"] > b["high"]:
+            if ((a["level"], a["task"]) == (b["level"], b["task"]) and a["low"] > b["high"]
+                    and a["mean"] - b["mean"] >= min_gap):
                 out.append({"level": a["level"], "task": a["task"], "measure": measure, "above": a["method"],
                             "above_interval": [a["low"], a["high"]], "above_mean": a["mean"], "below": b["method"],
                             "below_interval": [b["low"], b["high"]], "below_mean": b["mean"]})

@@ -15,7 +15,8 @@ from core.cli.known_run import bounds_text
 from core.errors import HeadLabError
 from core.heads import parse_heads
 from core.pipelines import benchmark_cases
-from core.pipelines.benchmark_report import separations, sweep_roc, true_head_ranks
+from core.pipelines.benchmark_report import (head_to_head_scope, separations, sweep_roc, true_edge_ranks,
+                                             true_head_ranks)
 from core.tasks.known import known_task
 from core.zoo.known import KNOWN_MODELS, read_circuit
 from core.zoo.known import hard
@@ -302,7 +303,27 @@ def test_separations_and_true_head_ranks_on_hand_made_rows():
              "high": high} for m, mean, low, high in (("a", 0.9, 0.85, 0.95), ("b", 0.6, 0.5, 0.7), ("c", 0.8, 0.65, 0.9))]
     found = separations(rows)
     assert [(s["above"], s["below"]) for s in found] == [("a", "b")]
+    close = [{**rows[0], "mean": 0.9998, "low": 0.9997, "high": 0.9999}, {**rows[1], "mean": 0.9994, "low": 0.9993,
+                                                                          "high": 0.9995}]
+    assert separations(close) == [] and len(separations(close, min_gap=0.0)) == 1  # disjoint, but 0.0004 apart
     result = {"case": {"name": "m", "task": "t", "truth": ["L0H1", "L1H0"]},
               "methods": [{"method": "x", "scores": [[0.0, 3.0], [1.0, 1.0]]}, {"method": "y", "scores": None}]}
     (ranks,) = true_head_ranks([result])
     assert ranks["ranks"] == {"L0H1": 1.0, "L1H0": 2.5} and ranks["n_heads"] == 4
+
+
+def test_head_to_head_scope_and_true_edge_ranks_on_hand_made_edges():
+    edges = ["embed->L0H0.q", "L0H0->L1H0.k", "L0H0->L1H1.q", "L0H0->logits", "MLP0->L1H0.v", "L1H0->logits"]
+    scores = np.array([0.5, 0.4, 0.1, 0.9, 0.2, 0.3])
+    truth = np.array([False, True, False, False, False, True])
+    scores_in, truth_in, sweep_in = head_to_head_scope(edges, scores, truth, {"thresholds": [0.1, 0.3],
+                                                                              "kept": [[1, 3, 5], [2]]})
+    assert scores_in.tolist() == [0.4, 0.1] and truth_in.tolist() == [True, False]
+    assert sweep_in == {"thresholds": [0.1, 0.3], "kept": [[0], [1]]}
+    assert head_to_head_scope(edges, scores, np.array([True] + [False] * 5)) is None  # no true edge between heads
+    result = {"case": {"name": "m", "task": "t", "edges": ["L0H0->L1H0.k", "L1H0->logits"]},
+              "edge_methods": [{"method": "x", "edges": edges, "scores": scores.tolist()}, {"method": "y", "scores": None}]}
+    (ranks,) = true_edge_ranks([result])
+    assert ranks["ranks"] == {"L0H0->L1H0.k": 3.0, "L1H0->logits": 4.0}
+    assert ranks["ranks_head_to_head"] == {"L0H0->L1H0.k": 1.0} and ranks["n_head_to_head"] == 2
+    assert ranks["n_false_above"] == 2 and [e for e, _ in ranks["false_above"]] == ["L0H0->logits", "embed->L0H0.q"]

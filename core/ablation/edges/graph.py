@@ -50,6 +50,11 @@ class Edge:
         return f"{self.sender}->{self.receiver_input}"
 
     @property
+    def between_heads(self) -> bool:
+        """Whether both ends are attention heads (not the embeddings, an MLP or the logits)."""
+        return bool(_HEAD.match(self.sender) and _HEAD.match(self.receiver))
+
+    @property
     def receiver_input(self) -> str:
         """The receiver as the graph names it: "L1H0.k", "MLP1", "logits"."""
         return f"{self.receiver}.{self.input}" if self.input else self.receiver
