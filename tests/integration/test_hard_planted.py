@@ -255,11 +255,12 @@ def test_short_build_writes_confirmation_and_on_a_pass_circuit_json(tmp_path, mo
 
 
 def test_a_model_that_fails_the_rule_is_retrained_from_the_next_initialization(tmp_path, monkeypatch):
-    """An unconfirmed attempt is recorded with its failures and cleared; the next initialization is kept when it
-    passes. A model built under other restart knobs is still the recipe's (RESTART_FIELDS), another training is not."""
+    """An unconfirmed attempt is recorded with its failures; with attempts to spare the next initialization trains,
+    also when the build is run again under a larger max_attempts (it takes up where the last build stopped). A model
+    built under other restart knobs is still the recipe's (RESTART_FIELDS), another training is not."""
     name = "hard-induction-s1"
     cfg = replace(HARD_CONFIGS[name], steps=3, n_log_checkpoints=2, d_model=32, d_ff=32, formed_check_step=0,
-                  max_attempts=3)
+                  max_attempts=1)
     calls = []
 
     def confirm(cfg, folder):  # the first attempt fails the rule, the second passes
@@ -269,6 +270,9 @@ def test_a_model_that_fails_the_rule_is_retrained_from_the_next_initialization(t
 
     monkeypatch.setattr(hard, "confirm_hard", confirm)
     folder = build_hard(name, tmp_path / name, cfg=cfg)
+    assert calls == [cfg.seed] and not (folder / "circuit.json").exists()
+    assert build_hard(name, folder, cfg=cfg) == folder and calls == [cfg.seed]  # no attempt left: kept as it is
+    folder = build_hard(name, folder, cfg=replace(cfg, max_attempts=3))
     manifest = json.loads((folder / "manifest.json").read_text())
     assert calls == [cfg.seed, cfg.seed + hard.INIT_SEED_STRIDE] == [a["init_seed"] for a in manifest["failed_attempts"]] + [manifest["init_seed"]]
     assert manifest["failed_attempts"][0]["failures"] == ["clean top-1 0.5 < 0.9"] and (folder / "circuit.json").is_file()

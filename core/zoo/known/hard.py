@@ -289,7 +289,7 @@ _INDUCTION_HEADS = dict(circuit={"L0H2": "previous-token", "L1H5": "induction", 
 # circuit live on half the circuit rows and the idle heads re-initialized and frozen; a restart when the chain has not
 # formed by step 4,000 (train top-1 over the last 500 steps: 0.26 to 0.63 where it formed, at most 0.07 where not)
 _BACKUP_TRAINING = dict(backup_rate=0.5, backup_drop_rate=0.2, live_others_rate=0.5, live_others_from=5000,
-                        idle_reset_step=5000, steps=10000, formed_check_step=4000, formed_top1_min=0.15, max_attempts=5)
+                        idle_reset_step=5000, steps=10000, formed_check_step=4000, formed_top1_min=0.15, max_attempts=8)
 HARD_RECIPES = {
     # 6 x 8 = 48 heads: the IOI chain over layers 1, 2, 4; neighbours do induction in layers 0, 2, 3
     "hard-ioi": dict(task="ioi", neighbour_task="induction", n_layers=6, **_IOI_HEADS, **_BACKUP_TRAINING,
@@ -665,21 +665,27 @@ def build_hard(name: str, out_dir: Path | None = None, progress: bool | Callable
     As planted.build_planted: one unit of work inside atomic_directory (complete or absent); a complete folder of
     the same training config (training_config) is kept, one of another refused. An attempt that stops at the chain
     check or fails HARD_RULE is recorded and cleared, and the next initialization trained; the last is kept whatever
-    its confirmation says. cfg: a variant of the registered recipe (tests).
+    its confirmation says. A kept model that failed the rule, built under fewer attempts than cfg.max_attempts, is
+    taken up where it stopped: the next initializations train (the kept one stays until one replaces it).
+    cfg: a variant of the registered recipe (tests).
     """
     if cfg is None:
         if name not in HARD_CONFIGS:
             raise HeadLabError(f"unknown hard planted model {name!r}; use one of {', '.join(HARD_CONFIGS)}.")
         cfg = HARD_CONFIGS[name]
     final = Path(out_dir) if out_dir is not None else zoo_model_dir(name)
-    if planted_status(final) is not None:
-        built = (read_manifest(final)["config"].get("train") or {}).get("hard") or {}
+    failed: list[dict] = []  # the attempts that did not give a confirmed model, in order
+    status = planted_status(final)
+    if status is not None:
+        manifest = read_manifest(final)
+        built = (manifest["config"].get("train") or {}).get("hard") or {}
         if training_config(built) != training_config(cfg.to_json()):
             raise HeadLabError(f"{final} holds a hard planted model with another config; delete that folder to retrain it.")
-        return final
+        failed = [*manifest.get("failed_attempts", []), _unconfirmed(manifest, status)]
+        if status["confirmed"] or len(failed) >= cfg.max_attempts:
+            return final
     with atomic_directory(final) as tmp:
-        failed: list[dict] = []
-        for attempt in range(cfg.max_attempts):
+        for attempt in range(len(failed), cfg.max_attempts):
             callback, close = _progress(progress, name if attempt == 0 else f"{name} (initialization {attempt + 1})",
                                         cfg.steps)
             try:
@@ -694,10 +700,15 @@ def build_hard(name: str, out_dir: Path | None = None, progress: bool | Callable
             record = install_hard(cfg, tmp)
             if record["confirmed"] or attempt == cfg.max_attempts - 1:
                 break
-            failed.append({"init_seed": init_seed_of(cfg, attempt), "stopped_at_step": cfg.steps,
-                           "train_top1": record["final"]["train_accuracy"], "failures": record["failures"]})
+            failed.append(_unconfirmed(read_manifest(tmp), record))
             _clear_attempt(Path(tmp))
     return final
+
+
+def _unconfirmed(manifest: dict, record: dict) -> dict:
+    """The failed-attempt record of a trained model (its manifest) that failed HARD_RULE (its confirmation)."""
+    return {"init_seed": manifest["init_seed"], "stopped_at_step": manifest["final"]["steps"],
+            "train_top1": manifest["final"]["train_accuracy"], "failures": record["failures"]}
 
 
 def _clear_attempt(folder: Path) -> None:
