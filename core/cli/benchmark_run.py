@@ -134,8 +134,8 @@ def summary_text(report: dict) -> str:
 
 
 def separation_markdown(report: dict) -> list[str]:
-    """report.md's sections on ACDC's threshold sweep and on where the methods separate (issue 43); none for a
-    report made before them."""
+    """report.md's sections of issue 43: the edges between heads, ACDC's threshold sweep, where the methods
+    separate and why (why_markdown); none for a report made before them."""
     out = []
     between = [r for r in report["table"] if r.get("level") == HEAD_TO_HEAD and r.get("n_scored")]
     if between:
@@ -188,7 +188,7 @@ def why_markdown(report: dict, min_heads: int = RANKED_MIN_HEADS) -> list[str]:
         return []
     out = ["", f"### Why: where each method puts the true heads and edges (models of {min_heads} heads or more)", "",
            "Rank of each true head among all heads by the method's score (1 = highest; ties share their mean rank; "
-           "benchmark_report.true_head_ranks).", "", "| model | method | " + "true head: rank |", "|---|---|---|"]
+           "benchmark_report.true_head_ranks).", "", "| model | method | true head: rank |", "|---|---|---|"]
     for r in heads:
         out.append(f"| {r['model']} | {r['method']} | " + ", ".join(f"{h}: {v:g}" for h, v in r["ranks"].items())
                    + f" (of {r['n_heads']}) |")

@@ -1,5 +1,6 @@
-"""The known-circuit benchmark's report: the score table over seeds, the disposer's verdict accuracy, ACDC's ROC
-from a sweep of thresholds, where the methods separate, and the published anchors shown beside them (split from
+"""The known-circuit benchmark's report: the score table over seeds (edges over the whole graph and over the edges
+between heads, a planted truth's scope), the disposer's verdict accuracy, ACDC's ROC from a sweep of thresholds,
+where the methods separate, the ranks of the true heads and edges, and the published anchors shown beside them (split from
 core/pipelines/benchmark.py, which runs the methods; core/cli/benchmark.py renders report.md from this).
 """
 

@@ -287,7 +287,8 @@ _INDUCTION_HEADS = dict(circuit={"L0H2": "previous-token", "L1H5": "induction", 
 # The training that confirmed hard-ioi (docs/benchmark/hard-training.json, fifth round): the primary resampled on half
 # the circuit rows, the backup on a fifth of the others; once the chain has formed (step 5,000) the heads outside the
 # circuit live on half the circuit rows and the idle heads re-initialized and frozen; a restart when the chain has not
-# formed by step 4,000 (train top-1 over the last 500 steps: 0.26 to 0.63 where it formed, at most 0.07 where not)
+# formed by step 4,000 (train top-1 over the last 500 steps: 0.26 to 0.63 where it formed, at most 0.07 where not) or
+# the model fails the rule, at most eight initializations (hard-ioi-s1 kept its sixth: registered_builds)
 _BACKUP_TRAINING = dict(backup_rate=0.5, backup_drop_rate=0.2, live_others_rate=0.5, live_others_from=5000,
                         idle_reset_step=5000, steps=10000, formed_check_step=4000, formed_top1_min=0.15, max_attempts=8)
 HARD_RECIPES = {
