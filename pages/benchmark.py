@@ -2,7 +2,7 @@
 
 Reads a report of `python -m core benchmark` (the committed docs/benchmark/report.json by default):
 the head- and edge-recovery tables (ROC AUC with its interval over seeds, PR AUC, precision@k, each
-beside its permutation baseline), the published ACDC anchors (other models, never mixed in), the
+beside its permutation baseline; edges also between heads only), the published ACDC anchors (other models, never mixed in), the
 ROC curves of one model, the disposer's verdict accuracy, and any method's proposal opened in the
 ablation lab on its model.
 """
@@ -19,6 +19,7 @@ from core.heads import parse_heads
 from core.model.loading import load_config
 from core.model.refs import ModelRef
 from core.pipelines.benchmark import QUICK, BenchmarkSettings, benchmark, known_cases, n_items, run_case
+from core.pipelines.benchmark_report import HEAD_TO_HEAD
 from core.workspace import atomic_write_json, reports_dir, zoo_dir
 from pages._state import HAND_OFF_NOTE, HEADS_MODEL, MODEL, current_workspace, send_to_ablation_lab, set_choice
 from pages._widgets import show_figure
@@ -185,13 +186,17 @@ def choose_report() -> tuple[str, dict | None]:
 def show(report: dict) -> None:
     st.caption(f"{len(report['results'])} known models · {'quick' if report.get('quick') else 'full'} run · "
                f"{report.get('baseline', '')}; {report.get('interval', '')}.")
-    head_tab, edge_tab = st.tabs(["Head recovery", "Edge recovery"])
-    for tab, level in ((head_tab, "head"), (edge_tab, "edge")):
+    head_tab, edge_tab, between_tab = st.tabs(["Head recovery", "Edge recovery", "Edges between heads"])
+    for tab, level in ((head_tab, "head"), (edge_tab, "edge"), (between_tab, HEAD_TO_HEAD)):
         with tab:
             table = recovery_table(report, level)
             if table.empty:
                 st.info(f"This report has no {level} scores.")
                 continue
+            if level == HEAD_TO_HEAD:
+                st.caption("The same edge scores on the edges between two heads only: a planted circuit's truth "
+                           "names the head-to-head edges it planted, and nothing of the embeddings', MLPs' and "
+                           "logits' edges its heads also use, which the full graph counts as false.")
             st.dataframe(table, hide_index=True, width="stretch", key=f"bench_table_{level}")
             measure = st.selectbox("Heatmap of", [m for m, _ in MEASURE_COLUMNS], key=f"bench_measure_{level}",
                                    format_func=lambda m: dict(MEASURE_COLUMNS)[m])

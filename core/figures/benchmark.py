@@ -19,6 +19,7 @@ from core.errors import HeadLabError
 from core.figures.bundle import FigureBundle
 from core.figures.theme import SCREEN
 from core.heads import parse_heads
+from core.pipelines.benchmark_report import HEAD_TO_HEAD
 from core.results import provenance
 from core.stats.recovery import MEASURE_LABELS
 
@@ -37,14 +38,17 @@ def cell_text(row: dict) -> str:
     return text
 
 
+LEVEL_SLUGS = {"head": "head", "edge": "edge", HEAD_TO_HEAD: "edge-between-heads"}  # score-table level -> file name part
+
+
 def score_table_figure(report: dict, measure: str = "roc_auc", level: str = "head") -> FigureBundle:
-    """Heatmap of `measure` per method (rows) and task (columns) at `level` ("head" or "edge"), each cell its mean
+    """Heatmap of `measure` per method (rows) and task (columns) at `level` ("head", "edge" or HEAD_TO_HEAD), each cell its mean
     over seeds and interval; a second panel holds the published anchors (edge ROC AUC on other models, not HeadLab
     runs)."""
     if measure not in MEASURE_LABELS:
         raise HeadLabError(f"unknown measure {measure!r}; use one of {', '.join(MEASURE_LABELS)}.")
-    if level not in ("head", "edge"):
-        raise HeadLabError(f"unknown level {level!r}; use 'head' or 'edge'.")
+    if level not in LEVEL_SLUGS:
+        raise HeadLabError(f"unknown level {level!r}; use one of {', '.join(map(repr, LEVEL_SLUGS))}.")
     rows = [r for r in report["table"] if r["measure"] == measure and r.get("level", "head") == level]
     methods = [m["name"] for m in report["methods" if level == "head" else "edge_methods"]]
     if not rows or not methods:
@@ -78,12 +82,12 @@ def score_table_figure(report: dict, measure: str = "roc_auc", level: str = "hea
              "max_p": r.get("max_p"), "not_applicable": "; ".join(r.get("not_applicable", []))} for r in rows]
     data += [{"method": p["method"], "task": p["task"], "measure": p["metric"], "mean": p["value"],
               "source": p["source"], "label": report["published"]["label"]} for p in published]
-    caption = (f"{level} {MEASURE_LABELS[measure]} of each method's per-{level} scores against the true circuit; cell = mean over "
+    caption = (f"{level} {MEASURE_LABELS[measure]} of each method's scores against the true circuit; cell = mean over "
                "a task's seeds [percentile bootstrap interval when there are two or more]; n/a: not applicable "
                "(the report says why). Right panel: published edge ROC AUCs on other models, for scale only.")
     prov = provenance(figure="benchmark_score_table", measure=measure, level=level, benchmark_version=report.get("version"),
                       quick=report.get("quick"), settings=report.get("settings"))
-    return FigureBundle(f"benchmark-{level}-{measure.replace('_', '-')}", fig, tuple(data), prov, caption,
+    return FigureBundle(f"benchmark-{LEVEL_SLUGS[level]}-{measure.replace('_', '-')}", fig, tuple(data), prov, caption,
                         paper_size=(260 + 120 * len(x), height))
 
 

@@ -12,6 +12,7 @@ from streamlit.testing.v1 import AppTest
 from core.heads import HeadSet, parse_heads
 from core.workspace import zoo_dir
 from core.zoo.known import KNOWN_MODELS
+from core.pipelines.benchmark_report import HEAD_TO_HEAD
 from pages.benchmark import REPORTS
 from tests.app.test_app import APP, chart, errors
 
@@ -41,9 +42,14 @@ def test_page_draws_the_committed_report():
     assert shown["ROC AUC random"] == row["baseline_mean"]
     edge = at.dataframe[1].value
     assert set(edge["method"]) == {m["name"] for m in FULL["edge_methods"]}
-    published = at.dataframe[2].value
+    between = at.dataframe[2].value  # the same methods on the edges between heads
+    row = next(r for r in FULL["table"] if r["level"] == HEAD_TO_HEAD and r["measure"] == "average_precision"
+               and r["method"] == "EAP" and r["task"] == "hard-ioi")
+    shown = between[(between["method"] == "EAP") & (between["task"] == "hard-ioi")].iloc[0]
+    assert shown["PR AUC"].startswith(f"{row['mean']:.3f} [{row['low']:.2f}, {row['high']:.2f}]")
+    published = at.dataframe[3].value
     assert list(published["value"]) == [p["value"] for p in FULL["published"]["rows"]]
-    verdicts = at.dataframe[3].value
+    verdicts = at.dataframe[4].value
     assert list(verdicts["accuracy"].fillna(-1)) == [v["rate"] if v["rate"] is not None else -1
                                                      for v in FULL["verdicts"].values()]
     heat = chart(at, "bench_heat_head")["data"][0]
