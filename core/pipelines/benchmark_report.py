@@ -57,17 +57,17 @@ def score_table(results: Sequence[dict], settings) -> list[dict]:
         for method in names:
             for task, group in tasks.items():
                 entries = [next(m for m in r[key] if m["method"] == method) for r in group]
-                scored = [{**e, "recovery": e[recovery]} for e in entries if e.get(recovery)]
+                scored = [e[recovery] for e in entries if e.get(recovery)]  # each: measure -> recovery record
                 missing = sorted({e["not_applicable"] or NO_HEAD_TO_HEAD for e in entries if not e.get(recovery)})
                 for measure in MEASURES:
                     row = {"level": level, "method": method, "task": task, "measure": measure,
                            "models": [r["case"]["name"] for r in group], "n_scored": len(scored),
                            "not_applicable": missing}
                     if scored:
-                        values = [e["recovery"][measure]["value"] for e in scored]
+                        values = [r[measure]["value"] for r in scored]
                         row.update(seed_interval(values, n_boot=settings.n_boot, seed=settings.boot_seed).to_json())
-                        row["baseline_mean"] = float(np.mean([e["recovery"][measure]["baseline_mean"] for e in scored]))
-                        row["max_p"] = float(max(e["recovery"][measure]["p"] for e in scored))
+                        row["baseline_mean"] = float(np.mean([r[measure]["baseline_mean"] for r in scored]))
+                        row["max_p"] = float(max(r[measure]["p"] for r in scored))
                     rows.append(row)
     return rows
 
@@ -116,12 +116,22 @@ def sweep_roc(thresholds: Sequence[float], kept: Sequence[Sequence[int]], truth:
     return {"points": points, "auc": auc, "n_true": n_true, "n_false": n_false}
 
 
+def between_heads_mask(edges: Sequence[str]) -> np.ndarray:
+    """[edge] bool: True where the edge (its text) runs from a head into a head."""
+    return np.array([Edge.parse(text).between_heads for text in edges], dtype=bool)
+
+
+def mean_rank(value: float, pool: np.ndarray) -> float:
+    """The rank of `value` in `pool` by score (1 = highest); ties share their mean rank."""
+    return float((pool > value).sum() + ((pool == value).sum() + 1) / 2.0)
+
+
 def head_to_head_scope(edges: Sequence[str], scores: np.ndarray, truth: np.ndarray,
                        sweep: Optional[dict] = None) -> Optional[tuple[np.ndarray, np.ndarray, Optional[dict]]]:
     """The edges between two heads only: (scores, truth, sweep with its kept indices renumbered), or None when the
     truth has no such edge. A planted circuit's truth names the head-to-head edges it planted and nothing of the
     embeddings', MLPs' and logits' edges its heads also use, which the full graph then counts as false."""
-    inside = np.array([Edge.parse(text).between_heads for text in edges], dtype=bool)  # [edge]
+    inside = between_heads_mask(edges)  # [edge]
     if not truth[inside].any() or truth[inside].all():
         return None
     position = np.cumsum(inside) - 1  # [edge] -> index among the head-to-head edges
@@ -163,7 +173,7 @@ def true_head_ranks(results: Sequence[dict]) -> list[dict]:
             for name in truth:
                 layer, head = (int(part) for part in name[1:].split("H"))
                 value = flat[layer * n_heads + head]
-                ranks[name] = float((flat > value).sum() + ((flat == value).sum() + 1) / 2.0)
+                ranks[name] = mean_rank(value, flat)
             rows.append({"model": result["case"]["name"], "task": result["case"]["task"], "method": entry["method"],
                          "ranks": ranks, "n_heads": int(flat.size)})
     return rows
@@ -181,18 +191,14 @@ def true_edge_ranks(results: Sequence[dict], n_above: int = 5) -> list[dict]:
                 continue
             edges = list(entry["edges"])
             scores = np.asarray(entry["scores"], dtype=np.float64)  # [edge]
-            inside = np.array([Edge.parse(text).between_heads for text in edges], dtype=bool)
-
-            def rank(value: float, pool: np.ndarray) -> float:
-                return float((pool > value).sum() + ((pool == value).sum() + 1) / 2.0)
-
+            inside = between_heads_mask(edges)  # [edge]
             values = {text: scores[edges.index(text)] for text in truth}
             lowest = min(values.values())
             false_above = [i for i in np.argsort(-scores, kind="stable") if scores[i] > lowest and edges[i] not in values]
             rows.append({"model": result["case"]["name"], "task": result["case"]["task"], "method": entry["method"],
                          "n_edges": len(edges), "n_head_to_head": int(inside.sum()),
-                         "ranks": {text: rank(v, scores) for text, v in values.items()},
-                         "ranks_head_to_head": {text: rank(v, scores[inside]) for text, v in values.items()
+                         "ranks": {text: mean_rank(v, scores) for text, v in values.items()},
+                         "ranks_head_to_head": {text: mean_rank(v, scores[inside]) for text, v in values.items()
                                                 if Edge.parse(text).between_heads},
                          "n_false_above": len(false_above),
                          "false_above": [[edges[i], float(scores[i])] for i in false_above[:n_above]]})

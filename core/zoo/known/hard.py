@@ -682,15 +682,17 @@ def build_hard(name: str, out_dir: Path | None = None, progress: bool | Callable
         built = (manifest["config"].get("train") or {}).get("hard") or {}
         if training_config(built) != training_config(cfg.to_json()):
             raise HeadLabError(f"{final} holds a hard planted model with another config; delete that folder to retrain it.")
+        if status["confirmed"]:
+            return final
         failed = [*manifest.get("failed_attempts", []), _unconfirmed(manifest, status)]
-        if status["confirmed"] or len(failed) >= cfg.max_attempts:
+        if len(failed) >= cfg.max_attempts:
             return final
     with atomic_directory(final) as tmp:
         for attempt in range(len(failed), cfg.max_attempts):
             callback, close = _progress(progress, name if attempt == 0 else f"{name} (initialization {attempt + 1})",
                                         cfg.steps)
             try:
-                train_hard(cfg, tmp, progress=callback, attempt=attempt, failed_attempts=tuple(failed))
+                manifest = train_hard(cfg, tmp, progress=callback, attempt=attempt, failed_attempts=tuple(failed))
             except ChainNotFormed as exc:
                 failed.append({"init_seed": init_seed_of(cfg, attempt), "stopped_at_step": exc.step,
                                "train_top1": round(exc.top1, 4)})
@@ -701,7 +703,7 @@ def build_hard(name: str, out_dir: Path | None = None, progress: bool | Callable
             record = install_hard(cfg, tmp)
             if record["confirmed"] or attempt == cfg.max_attempts - 1:
                 break
-            failed.append(_unconfirmed(read_manifest(tmp), record))
+            failed.append(_unconfirmed(manifest, record))
             _clear_attempt(Path(tmp))
     return final
 
