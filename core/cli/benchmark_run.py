@@ -143,8 +143,9 @@ def separation_markdown(report: dict) -> list[str]:
         roc, ap = _rows(report, HEAD_TO_HEAD, "roc_auc"), _rows(report, HEAD_TO_HEAD, "average_precision")
         out += ["", "### Edges between heads", "",
                 "The same scores on the edges between two heads only. A planted circuit's truth names the "
-                "head-to-head edges it planted, and nothing of the edges from the embeddings, through the MLPs or "
-                "into the logits that its heads also use: on the full graph those count as false, so a method that "
+                "head-to-head edges it planted and those its confirmation measured (every edge into a circuit head "
+                "path-patched alone; those scoring as much as a planted edge must), and nothing of the edges from the "
+                "embeddings, through the MLPs or into the logits that its heads also use: on the full graph those count as false, so a method that "
                 "ranks them high loses precision for finding real parts of the circuit. ROC AUC / PR AUC (mean over "
                 "seeds [interval]):", "",
                 "| method | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
@@ -180,8 +181,9 @@ def separation_markdown(report: dict) -> list[str]:
 def why_markdown(report: dict, min_heads: int = RANKED_MIN_HEADS) -> list[str]:
     """Where each method puts the true heads and edges of the models of min_heads heads or more (the hard ones):
     a backup or a head on saturated attention ranked low shows in the head ranks, a method's precision in what it
-    ranks above the planted edges."""
+    ranks above the true edges."""
     shapes = {case["name"]: case["shape"][0] * case["shape"][1] for case in report["models"]}
+    measured = {case["name"]: set(case.get("measured_edges", [])) for case in report["models"]}
     heads = [r for r in report.get("true_head_ranks", []) if shapes.get(r["model"], 0) >= min_heads]
     edges = [r for r in report.get("true_edge_ranks", []) if shapes.get(r["model"], 0) >= min_heads]
     if not heads and not edges:
@@ -193,14 +195,14 @@ def why_markdown(report: dict, min_heads: int = RANKED_MIN_HEADS) -> list[str]:
         out.append(f"| {r['model']} | {r['method']} | " + ", ".join(f"{h}: {v:g}" for h, v in r["ranks"].items())
                    + f" (of {r['n_heads']}) |")
     if edges:
-        out += ["", "Rank of each planted edge among all edges and among the edges between heads, and the edges "
-                "not in the truth scored above the lowest planted one (how many, and the first by score; "
-                "benchmark_report.true_edge_ranks).", "",
-                "| model | method | planted edge: rank of all / between heads | scored above the lowest | first of them |",
+        out += ["", "Rank of each true edge among all edges and among the edges between heads (* marks an edge the "
+                "confirmation measured rather than planted), and the edges not in the truth scored above the lowest "
+                "true one (how many, and the first by score; benchmark_report.true_edge_ranks).", "",
+                "| model | method | true edge: rank of all / between heads | scored above the lowest | first of them |",
                 "|---|---|---|---|---|"]
         for r in edges:
-            ranks = ", ".join(f"{e}: {v:g} / {r['ranks_head_to_head'].get(e, float('nan')):g}"
-                              for e, v in r["ranks"].items())
+            ranks = ", ".join(f"{e}{'*' if e in measured.get(r['model'], ()) else ''}: {v:g} / "
+                              f"{r['ranks_head_to_head'].get(e, float('nan')):g}" for e, v in r["ranks"].items())
             above = ", ".join(f"{e} {v:.3g}" for e, v in r["false_above"]) or "-"
             out.append(f"| {r['model']} | {r['method']} | {ranks} (of {r['n_edges']} / {r['n_head_to_head']}) | "
                        f"{r['n_false_above']} | {above} |")

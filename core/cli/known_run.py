@@ -11,7 +11,7 @@ from core.heads import head_name
 from core.model.loading import verify_safetensors_folder
 from core.model.refs import MANIFEST, ModelRef, checkpoint_path, zoo_model_dir
 from core.workspace import zoo_dir
-from core.zoo.known import CIRCUIT_FILE, HANDWIRED, KNOWN_MODELS, known_kind, read_circuit
+from core.zoo.known import CIRCUIT_FILE, HANDWIRED, KNOWN_MODELS, edge_text, known_kind, read_circuit
 from core.zoo.known.handwired import bounds_mismatch
 
 
@@ -32,7 +32,8 @@ def _row(name: str) -> dict:
             row.update(built=False, broken=f"{mismatch}; rebuild it with python -m core known --build {name}")
             return row
         row.update(heads=[head_name(h) for h in circuit.heads], roles=dict(circuit.roles),
-                   edges=list(circuit.edge_texts), distractors=[head_name(h) for h in circuit.distractors],
+                   edges=list(circuit.edge_texts), measured_edges=[edge_text(e) for e in circuit.measured_edges],
+                   distractors=[head_name(h) for h in circuit.distractors],
                    ablation=circuit.ablation, metric=circuit.metric, task=dict(circuit.task), bounds=dict(circuit.bounds))
     return row
 

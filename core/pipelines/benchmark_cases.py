@@ -26,8 +26,9 @@ from core.model.refs import ModelRef, resolve_checkpoint, weights_fingerprint
 from core.store import CorruptCacheEntryWarning, cache_key
 from core.tasks.counterfactual import PatchPair
 from core.workspace import atomic_write_json, cache_dir, zoo_dir
-from core.zoo.known import CIRCUIT_FILE, KNOWN_MODELS, known_circuit, known_kind
+from core.zoo.known import CIRCUIT_FILE, KNOWN_MODELS, edge_text, known_circuit, known_kind
 from core.zoo.known.planted import planted_status
+
 
 BENCHMARK_VERSION = "2"  # bump when a stored item changes (2: closure verdicts read the rank where controls do not vary)
 CACHE_KIND = "benchmark"
@@ -40,7 +41,7 @@ class BenchmarkCase:
     name: how the report names it; ref, revision: the checkpoint; task: the circuit's task (seeds of one
     task are pooled); seed: the model's seed among them (None when there is one model of the task);
     kind: "hand-wired" | "planted" | ...; truth: the true heads; edges: the true edges' text
-    ("L0H0->L1H0.k"); mode: the ablation type under which the circuit holds (a PROBE_MODES value);
+    ("L0H0->L1H0.k"), the measured ones among them also in measured_edges (KnownCircuit.measured_edges); mode: the ablation type under which the circuit holds (a PROBE_MODES value);
     distractors: name -> heads that are busy but outside the circuit; pairs: the clean/corrupted pairs
     (the clean side is the probe batch of the screen, the gradient and the disposer); pair_spec: how
     the pairs were made (part of every cache key).
@@ -57,6 +58,7 @@ class BenchmarkCase:
     kind: str = "known"
     seed: Optional[int] = None
     edges: tuple[str, ...] = ()
+    measured_edges: tuple[str, ...] = ()
     distractors: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -70,6 +72,7 @@ class BenchmarkCase:
         return {"name": self.name, "model": self.ref.name, "revision": self.revision, "task": self.task,
                 "seed": self.seed, "kind": self.kind, "shape": list(shape), "mode": self.mode,
                 "truth": [head_name(h) for h in self.truth], "edges": list(self.edges),
+                "measured_edges": list(self.measured_edges),
                 "distractors": {k: [head_name(h) for h in v] for k, v in self.distractors.items()},
                 "pairs": {"n_examples": self.pairs.n_examples, "seq_len": self.pairs.seq_len, **self.pair_spec}}
 
@@ -96,7 +99,8 @@ def known_case(model: str | ModelRef, revision: Optional[str] = None) -> Benchma
     distractors = {"distractors": circuit.distractors} if len(circuit.distractors) else {}
     return BenchmarkCase(name=name, ref=ref, revision=checkpoint.revision, task=task, truth=circuit.heads,
                          mode=circuit.ablation, pairs=pairs, pair_spec=dict(circuit.task), kind=circuit.kind, seed=seed,
-                         edges=circuit.edge_texts, distractors=distractors)
+                         edges=tuple(edge_text(e) for e in circuit.true_edges),
+                         measured_edges=tuple(edge_text(e) for e in circuit.measured_edges), distractors=distractors)
 
 
 def known_cases(names: Sequence[str] = (), kinds: Sequence[str] = ("handwired", "planted"), build: bool = False,
@@ -131,10 +135,11 @@ def known_cases(names: Sequence[str] = (), kinds: Sequence[str] = ("handwired", 
 
 
 def _item_key(case: BenchmarkCase, item: str, extra: dict) -> str:
-    """Everything an item depends on: the model's weights, the pairs, the circuit as circuit.json states it (a
-    proposal's size and every disposal's groups follow the true heads), the item and its settings."""
+    """Everything an item depends on: the model's weights, the pairs, the circuit's heads as circuit.json states
+    them (a proposal's size and every disposal's groups follow the true heads), the item and its settings. Not the
+    true edges: no item reads them (edge scores cover every edge; the report scores them against the truth)."""
     model_id = case.ref.to_json()
-    circuit = {"truth": [head_name(h) for h in case.truth], "edges": list(case.edges), "mode": case.mode,
+    circuit = {"truth": [head_name(h) for h in case.truth], "mode": case.mode,
                "kind": case.kind, "distractors": {str(k): [head_name(h) for h in HeadSet.of(v)]
                                                   for k, v in case.distractors.items()},
                "pairs": [case.pairs.n_examples, case.pairs.seq_len]}

@@ -129,8 +129,8 @@ def mean_rank(value: float, pool: np.ndarray) -> float:
 def head_to_head_scope(edges: Sequence[str], scores: np.ndarray, truth: np.ndarray,
                        sweep: Optional[dict] = None) -> Optional[tuple[np.ndarray, np.ndarray, Optional[dict]]]:
     """The edges between two heads only: (scores, truth, sweep with its kept indices renumbered), or None when the
-    truth has no such edge. A planted circuit's truth names the head-to-head edges it planted and nothing of the
-    embeddings', MLPs' and logits' edges its heads also use, which the full graph then counts as false."""
+    truth has no such edge. A planted circuit's truth names the head-to-head edges it planted (and measured) and
+    nothing of the embeddings', MLPs' and logits' edges its heads also use, which the full graph counts as false."""
     inside = between_heads_mask(edges)  # [edge]
     if not truth[inside].any() or truth[inside].all():
         return None
@@ -182,7 +182,7 @@ def true_head_ranks(results: Sequence[dict]) -> list[dict]:
 def true_edge_ranks(results: Sequence[dict], n_above: int = 5) -> list[dict]:
     """Per model and edge method: the rank of each true edge among all edges and among the edges between two heads
     (1 = highest; ties share their mean rank), and the false edges scored above the lowest-ranked true edge (the
-    first n_above by score): what a method ranks above the planted edges shows why its precision is what it is."""
+    first n_above by score): what a method ranks above the true edges shows why its precision is what it is."""
     rows = []
     for result in results:
         truth = list(result["case"]["edges"])

@@ -18,7 +18,7 @@ from core.pipelines import benchmark_cases
 from core.pipelines.benchmark_report import (head_to_head_scope, separations, sweep_roc, true_edge_ranks,
                                              true_head_ranks)
 from core.tasks.known import known_task
-from core.zoo.known import KNOWN_MODELS, read_circuit
+from core.zoo.known import KNOWN_MODELS, edge_text, read_circuit
 from core.zoo.known import hard
 from core.zoo.known.hard import (HARD_CONFIGS, HARD_RULE, IoiPairSpec, build_hard, guide_keys, hard_rule, ioi_rows,
                                  induction_rows, quiet_rows, row_resample_hooks, training_rows)
@@ -65,8 +65,9 @@ def test_induction_rows_answer_the_token_after_the_earlier_a():
         assert row[-1] == row[p] and rows["target"][i] == row[p + 1]
 
 
-def test_training_rows_live_heads_per_task_and_a_randomly_dead_primary():
-    cfg = HARD_CONFIGS["hard-induction-s0"]
+def test_training_rows_live_heads_per_task_and_randomly_dead_primaries():
+    cfg = replace(HARD_CONFIGS["hard-induction-s0"], **hard.INDUCTION_WITH_PREVIOUS_TOKEN_BACKUP)  # two backup pairs
+    assert cfg.backup_pairs == [("L1H5", "L2H1"), ("L0H2", "L0H4")]
     tokens, targets, dead, guides = training_rows(cfg, 4)
     again = training_rows(cfg, 4)
     assert torch.equal(tokens, again[0]) and torch.equal(dead, again[2])
@@ -75,12 +76,17 @@ def test_training_rows_live_heads_per_task_and_a_randomly_dead_primary():
         assert not dead[1::2, layer, head].any() and dead[0::2, layer, head].all()
     for layer, head in circuit:
         assert dead[1::2, layer, head].all()
-        if f"L{layer}H{head}" not in (cfg.primary, cfg.backup):
+        if f"L{layer}H{head}" not in {name for pair in cfg.backup_pairs for name in pair}:
             assert not dead[0::2, layer, head].any()  # live on every circuit row
-    (pl, ph), = parse_heads(cfg.primary)
-    (bl, bh), = parse_heads(cfg.backup)
-    assert 0 < int(dead[0::2, pl, ph].sum()) < cfg.batch_size // 2  # resampled on some circuit rows, not all
-    assert not (dead[0::2, pl, ph] & dead[0::2, bl, bh]).any()  # never both
+    for primary, backup in cfg.backup_pairs:
+        (pl, ph), = parse_heads(primary)
+        (bl, bh), = parse_heads(backup)
+        assert 0 < int(dead[0::2, pl, ph].sum()) < cfg.batch_size // 2  # resampled on some circuit rows, not all
+        assert not (dead[0::2, pl, ph] & dead[0::2, bl, bh]).any()  # never both
+    (l0, h0), (l1, h1) = parse_heads("L1H5,L0H2")
+    assert not torch.equal(dead[0::2, l0, h0], dead[0::2, l1, h1])  # the pairs are drawn apart
+    with pytest.raises(HeadLabError, match="each backup needs its primary"):
+        replace(cfg, backup="L2H1")
     assert set(guides) == set(cfg.circuit) | set(cfg.neighbours)
     assert (tokens[0::2, -1] != MARK).all() and (tokens[1::2, -1] == MARK).all()  # induction rows even, ioi odd
 
@@ -199,8 +205,9 @@ def _passing(cfg):
     noise = np.ones_like(denoise)
     for layer, head in cfg.circuit_heads:
         denoise[layer, head], noise[layer, head] = 0.5, 0.5
-    top1 = {"clean": 1.0, "true_ablated": 0.1, "others_ablated": 0.98, "primary_ablated": 0.95,
-            "primary_backup_ablated": 0.2, "neighbour_clean": 0.95, "neighbours_ablated": 0.1}
+    top1 = {"clean": 1.0, "true_ablated": 0.1, "others_ablated": 0.98, "neighbour_clean": 0.95, "neighbours_ablated": 0.1}
+    for primary, backup in cfg.backup_pairs:
+        top1.update({hard.ablated_key(primary): 0.95, hard.ablated_key(primary, backup): 0.2})
     return denoise, noise, top1, {edge: 0.3 for edge in cfg.edges}
 
 
@@ -213,10 +220,18 @@ def test_hard_rule_on_hand_made_numbers():
     assert hard_rule(denoise, noise, cfg, top1, edges)["confirmed"]
     # ... other circuit heads are not, and a backup that does not take over fails, as do idle neighbours
     denoise[1, 3] = 0.1
-    bad = hard_rule(denoise, noise, cfg, {**top1, "primary_ablated": 0.5, "neighbours_ablated": 0.9}, {**edges, cfg.edges[0]: 0.05})
+    bad = hard_rule(denoise, noise, cfg, {**top1, "L4H2 ablated": 0.5, "neighbours_ablated": 0.9}, {**edges, cfg.edges[0]: 0.05})
     assert not bad["confirmed"] and len(bad["failures"]) == 4
     assert any("L1H3 denoise" in f for f in bad["failures"]) and any("no backup took over" in f for f in bad["failures"])
-    assert bad["top1_drops"]["primary_ablated"] == pytest.approx(0.5) and HARD_RULE["primary_alone_top1_drop_max"] == 0.2
+    assert bad["top1_drops"]["L4H2 ablated"] == pytest.approx(0.5) and HARD_RULE["primary_alone_top1_drop_max"] == 0.2
+    # two backup pairs: each pair checked, and no circuit head left under the per-head bound
+    cfg = replace(HARD_CONFIGS["hard-induction-s0"], **hard.INDUCTION_WITH_PREVIOUS_TOKEN_BACKUP)
+    denoise, noise, top1, edges = _passing(cfg)
+    denoise[0, 2] = denoise[0, 4] = denoise[1, 5] = denoise[2, 1] = 0.0
+    good = hard_rule(denoise, noise, cfg, top1, edges)
+    assert good["confirmed"] and good["min_true_effect"] is None
+    bad = hard_rule(denoise, noise, cfg, {**top1, "L0H2+L0H4 ablated": 0.8}, edges)
+    assert bad["failures"] == ["the primary L0H2 and its backup L0H4 ablated cost only 0.200 top-1"]
 
 
 def test_short_build_writes_confirmation_and_on_a_pass_circuit_json(tmp_path, monkeypatch):
@@ -237,16 +252,28 @@ def test_short_build_writes_confirmation_and_on_a_pass_circuit_json(tmp_path, mo
     monkeypatch.setattr(benchmark_cases, "zoo_dir", lambda: tmp_path)  # the benchmark leaves it out and says why
     cases, notes = benchmark_cases.known_cases([name])
     assert cases == [] and len(notes) == 1 and "failed its confirmation rule" in notes[0] and record["failures"][0] in notes[0]
-    assert set(record["top1"]) >= {"clean", "primary_ablated", "primary_backup_ablated", "neighbours_ablated"}
-    assert set(record["path_patching"]) == set(cfg.edges)
+    assert set(record["top1"]) >= {"clean", "L1H5 ablated", "L1H5+L2H1 ablated", "L2H1 ablated", "neighbours_ablated"}
+    assert set(record["path_patching"]) == set(cfg.edges) and record["edge_sweep"] == {}  # swept only when confirmed
     monkeypatch.setattr(hard, "train_hard", lambda *a, **k: pytest.fail("a complete model was retrained"))
     assert build_hard(name, folder, cfg=cfg) == folder
     with pytest.raises(HeadLabError, match="another config"):
         build_hard(name, folder, cfg=replace(cfg, steps=5))
     monkeypatch.setattr(hard, "hard_rule", lambda *a, **k: {"confirmed": True, "failures": [], "max_other_abs_effect": 0.0,
                                                              "min_true_effect": 1.0, "top1_drops": {}})
-    assert hard.install_hard(cfg, folder)["confirmed"]
+    swept = []  # the edge sweep: every edge from an earlier head into a circuit head's q, k, v; one outsider over the bar
+    monkeypatch.setattr(hard, "edge_path_score", lambda model, pair, text: swept.append(text) or (
+        -0.25 if text == "L0H6->L1H5.v" else 0.3 if text in cfg.edges else 0.05))
+    record = hard.install_hard(cfg, folder)
+    assert record["confirmed"] and record["measured_edges"] == ["L0H6->L1H5.v"]
+    assert len(record["edge_sweep"]) == len(set(swept)) == 8 * 3 + 16 * 3  # into L1H5 and L2H1; L0H2 reads no head
+    assert all(swept.count(edge) == 1 for edge in cfg.edges)  # the planted edges' scores reused, not patched again
     circuit = read_circuit(folder)
+    assert [edge_text(e) for e in circuit.measured_edges] == ["L0H6->L1H5.v"] and len(circuit.true_edges) == 3
+    # a confirmation from before the edge sweep is redone on the next build, without training
+    stale = json.loads((folder / CONFIRMATION).read_text())
+    del stale["edge_sweep"]
+    (folder / CONFIRMATION).write_text(json.dumps(stale))
+    assert build_hard(name, folder, cfg=cfg) == folder and "edge_sweep" in planted_status(folder)
     assert str(circuit.heads) == "L0H2,L1H5,L2H1" and str(circuit.distractors) == "L1H3,L2H5,L4H2"
     assert circuit.roles["L2H1"].startswith("backup") and circuit.task["task"] == "known-induction"
     assert all((folder / "checkpoints" / c["revision"] / "circuit.json").is_file() for c in manifest["checkpoints"])
@@ -266,7 +293,7 @@ def test_a_model_that_fails_the_rule_is_retrained_from_the_next_initialization(t
     def confirm(cfg, folder):  # the first attempt fails the rule, the second passes
         calls.append(json.loads((folder / "manifest.json").read_text())["init_seed"])
         return {"confirmed": len(calls) == 2, "failures": [] if len(calls) == 2 else ["clean top-1 0.5 < 0.9"],
-                "bounds": {}}
+                "bounds": {}, "measured_edges": [], "edge_sweep": {}}
 
     monkeypatch.setattr(hard, "confirm_hard", confirm)
     folder = build_hard(name, tmp_path / name, cfg=cfg)

@@ -109,6 +109,21 @@ def test_edge_against_the_flow_and_edge_outside_the_heads(tmp_path):
         read_circuit(tmp_path)
 
 
+def test_measured_edges_may_start_outside_the_heads_but_end_at_one(tmp_path):
+    """A measured edge (found by patching, KnownCircuit.measured_edges) may come from a head outside the circuit; it
+    must end at a circuit head, come before its receiver and not repeat a built edge; the truth holds both lists."""
+    base = record()  # heads L0H1, L1H0; L0H0 a distractor
+    write_json(tmp_path, record(measured_edges=["L0H0->L1H0.v"]))
+    circuit = read_circuit(tmp_path)
+    assert [edge_text(e) for e in circuit.true_edges] == [*base["edges"], "L0H0->L1H0.v"]
+    assert KnownCircuit.from_json(circuit.to_json()) == circuit
+    for edges, message in ((["L1H0->L0H1.k"], "does not come before"), (["L0H0->L1H1.q"], "which is not one of its heads"),
+                           ([base["edges"][1]], "both as an edge and as a measured edge")):
+        write_json(tmp_path, record(measured_edges=edges))
+        with pytest.raises(HeadLabError, match=message):
+            read_circuit(tmp_path)
+
+
 def test_unknown_format_and_unreadable_file(tmp_path):
     write_json(tmp_path, record(format="headlab-known-circuit/9"))
     with pytest.raises(HeadLabError, match="in format 'headlab-known-circuit/9', which this HeadLab does not read"):

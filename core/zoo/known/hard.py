@@ -10,13 +10,14 @@ attention-pattern guides on the planted heads), extended for issue 43:
   circuit task, so a proposer that finds "busy heads" is tested against heads that matter elsewhere.
 - **A chain over three or more layers.** "ioi": BOS, distinct fillers, names S, IO, S at random places,
   a final marker -> IO (a duplicate-token head marks the second S, an S-inhibition head at the marker
-  reads it, a name mover copies the name that is not S). "induction": A B ... C D ... A -> B
-  (SwapInductionSpec's prompts: a previous-token head, an induction head that reads it and its backup a layer
-  later: three heads over three layers, one short of the issue's 4 to 10 heads, which hard-ioi meets).
-- **A backup head** for the primary (the mover, the induction head): the primary is resample-ablated on a share
-  of the circuit rows (`backup_rate`) and the backup on a share of the others (`backup_drop_rate`, never both),
-  so either does the job alone; the confirmation checks that the primary alone ablated costs little and the
-  two together the task.
+  reads it, a name mover copies the name that is not S, and a backup mover: four heads). "induction": A B ... C D
+  ... A -> B (SwapInductionSpec's prompts: a previous-token head, an induction head that reads it and its backup a
+  layer later: three heads over three layers, one short of the issue's 4 to 10; a fourth, a backup previous-token
+  head, failed the rule in every build: hard-training.json's sixth round).
+- **Backup heads** (`primary`, `backup`: pairs; the mover's and the induction head's): each primary is
+  resample-ablated on a share of the circuit rows (`backup_rate`) and its backup on a share of the others
+  (`backup_drop_rate`, never both), so either does the job alone; the confirmation checks that a primary alone
+  ablated costs little and a primary with its backup the task.
 - **Once the chain has formed** (`live_others_from`, `idle_reset_step`): the heads outside the circuit are live,
   with no gradient into them, on a share of the circuit rows (`live_others_rate`: a circuit trained only beside
   resampled heads is swamped by their real outputs when one mover is ablated), and the *idle* heads (of neither
@@ -61,7 +62,7 @@ from core.workspace import atomic_directory, atomic_write_json
 from core.zoo.config import ModelConfig
 from core.zoo.known.planted import (BOS, CONFIRMATION, MARK, VOCAB_SIZE, _fresh, _lr_at, _PairSpec, _progress,
                                     output_projection, planted_status, top1_under)
-from core.zoo.known.truth import KnownCircuit, write_circuit
+from core.zoo.known.truth import CIRCUIT_FILE, KnownCircuit, write_circuit
 from core.zoo.train import _save_checkpoint, build_model, log_checkpoint_steps
 
 NAME_LOW, NAME_HIGH = 4, 24  # ioi names
@@ -199,6 +200,7 @@ class HardConfig(JsonResult):
     roles: dict[str, str]  # head -> role
     edges: tuple[str, ...]
     neighbours: dict[str, str]  # head -> pattern guide of the neighbour task
+    # backup pairs: primary heads, comma-separated, each with its backup at the same place in `backup`
     primary: str = ""
     backup: str = ""
     backup_rate: float = 0.5  # share of circuit rows whose primary is resample-ablated in training
@@ -254,12 +256,20 @@ class HardConfig(JsonResult):
         for name, pattern in self.neighbours.items():
             if pattern not in PATTERNS[self.neighbour_task]:
                 raise HeadLabError(f"{name}: pattern {pattern!r} is not one of the {self.neighbour_task} task's patterns.")
-        if bool(self.primary) != bool(self.backup) or (self.primary and not {self.primary, self.backup} <= set(self.circuit)):
-            raise HeadLabError("a backup needs its primary, both circuit heads.")
+        primaries, backups = _names(self.primary), _names(self.backup)
+        paired = [*primaries, *backups]
+        if len(primaries) != len(backups) or not set(paired) <= set(self.circuit) or len(set(paired)) != len(paired):
+            raise HeadLabError("each backup needs its primary (primary and backup list them in the same order), all of "
+                               "them circuit heads, none twice.")
         if self.detach_resampled not in DETACH_CHOICES:
             raise HeadLabError(f"detach_resampled is one of {', '.join(DETACH_CHOICES)}.")
         if self.max_attempts < 1 or not 0 <= self.formed_check_step < self.steps:
             raise HeadLabError("max_attempts is at least 1 and formed_check_step a step before the last (0: no check).")
+
+    @property
+    def backup_pairs(self) -> list[tuple[str, str]]:
+        """[(primary, backup)] head names, in the recipe's order."""
+        return list(zip(_names(self.primary), _names(self.backup)))
 
     @property
     def circuit_heads(self) -> HeadSet:
@@ -274,6 +284,11 @@ class HardConfig(JsonResult):
                            d_ff=self.d_ff, vocab_size=VOCAB_SIZE, max_seq_len=SEQ_LEN, rotary_pct=self.rotary_pct)
 
 
+def _names(heads: str) -> list[str]:
+    """"L1H5, L0H2" -> ["L1H5", "L0H2"] (order kept; "" -> [])."""
+    return [name.strip() for name in heads.split(",") if name.strip()]
+
+
 _IOI_HEADS = dict(circuit={"L1H3": "duplicate-token", "L2H5": "s-inhibition", "L4H2": "name-mover",
                            "L4H6": "name-mover"},
                   roles={"L1H3": "duplicate-token (at S2, to S1)", "L2H5": "S-inhibition (at the marker, to S2)",
@@ -284,6 +299,14 @@ _INDUCTION_HEADS = dict(circuit={"L0H2": "previous-token", "L1H5": "induction", 
                         roles={"L0H2": "previous-token (at B, to A)", "L1H5": "induction (primary: at the final A, to B)",
                                "L2H1": "backup induction (takes over when L1H5 is ablated)"},
                         edges=("L0H2->L1H5.k", "L0H2->L2H1.k"), primary="L1H5", backup="L2H1")
+# The sixth round's four-head variant (hard-training.json): a backup previous-token head in layer 0, resampled as the
+# induction pair is; it failed the rule in every build (the primary previous-token head alone ablated cost 0.53 top-1)
+INDUCTION_WITH_PREVIOUS_TOKEN_BACKUP = dict(
+    circuit={"L0H2": "previous-token", "L0H4": "previous-token", "L1H5": "induction", "L2H1": "induction"},
+    roles={"L0H2": "previous-token (primary: at B, to A)", "L0H4": "backup previous-token (takes over when L0H2 is "
+           "ablated)", "L1H5": "induction (primary: at the final A, to B)",
+           "L2H1": "backup induction (takes over when L1H5 is ablated)"},
+    edges=("L0H2->L1H5.k", "L0H2->L2H1.k", "L0H4->L1H5.k", "L0H4->L2H1.k"), primary="L1H5,L0H2", backup="L2H1,L0H4")
 # The training that confirmed hard-ioi (docs/benchmark/hard-training.json, fifth round): the primary resampled on half
 # the circuit rows, the backup on a fifth of the others; once the chain has formed (step 5,000) the heads outside the
 # circuit live on half the circuit rows and the idle heads re-initialized and frozen; a restart when the chain has not
@@ -330,13 +353,13 @@ def training_rows(cfg: HardConfig, step: int) -> tuple[torch.Tensor, torch.Tenso
             keys = torch.zeros((2 * half, SEQ_LEN, SEQ_LEN), dtype=torch.bool)
             keys[parity::2] = guide_keys(task, rows[task], pattern)
             guides[name] = keys
-    if cfg.primary:
-        (layer, head), = parse_heads(cfg.primary)
-        gen = torch.Generator().manual_seed(cfg.seed * 100_003 + step)
+    gen = torch.Generator().manual_seed(cfg.seed * 100_003 + step)
+    for primary, backup in cfg.backup_pairs:  # each pair drawn on its own, in order (one pair: the first recipe's draws)
+        (layer, head), = parse_heads(primary)
         primary_dead = torch.rand(half, generator=gen) < cfg.backup_rate
         dead[0::2, layer, head] = primary_dead
         if cfg.backup_drop_rate:  # never both: a row keeps one of them live
-            (layer, head), = parse_heads(cfg.backup)
+            (layer, head), = parse_heads(backup)
             dead[0::2, layer, head] = (torch.rand(half, generator=gen) < cfg.backup_drop_rate) & ~primary_dead
     return tokens, targets, dead, guides
 
@@ -534,32 +557,43 @@ def train_hard(cfg: HardConfig, out_dir: Path, stop_after_steps: int | None = No
 # task's clean prompts; ablations resample (the planting's).
 HARD_RULE = {
     "clean_top1_min": 0.9,  # the model does the circuit task
-    "true_effect_min": 0.2,  # every circuit head except the primary and its backup, patched alone, both directions
+    "true_effect_min": 0.2,  # every circuit head except the primaries and backups, patched alone, both directions
     "other_effect_max": 0.05,  # |effect| of every non-circuit head patched alone (neighbours included)
     "others_ablated_top1_drop_max": 0.05,  # every non-circuit head ablated together
     "true_ablated_top1_drop_min": 0.3,  # the circuit ablated together
-    "primary_alone_top1_drop_max": 0.2,  # the primary ablated alone: small damage (the backup takes over)
-    "primary_backup_top1_drop_min": 0.3,  # the primary and its backup ablated together: large damage
+    "primary_alone_top1_drop_max": 0.2,  # each primary ablated alone: small damage (its backup takes over)
+    "primary_backup_top1_drop_min": 0.3,  # each primary and its backup ablated together: large damage
     "edge_score_min": 0.1,  # each planted edge path-patched alone (denoising; a backed-up receiver shares it)
     "neighbour_clean_top1_min": 0.9,  # the neighbours do the second task ...
     "neighbours_ablated_top1_drop_min": 0.3,  # ... and it needs them: they are busy
 }
-HARD_RULE_TEXT = ("confirmed when: circuit task clean top-1 >= 0.9; every circuit head but the primary and its backup "
+HARD_RULE_TEXT = ("confirmed when: circuit task clean top-1 >= 0.9; every circuit head but the primaries and backups "
                   "patched alone has effect >= 0.2 denoising and noising; every other head |effect| < 0.05 both ways; "
-                  "ablating every non-circuit head costs <= 0.05 top-1, the circuit >= 0.3; the primary alone <= 0.2, "
-                  "the primary and its backup together >= 0.3; each planted edge path-patched (denoising) scores >= 0.1; "
+                  "ablating every non-circuit head costs <= 0.05 top-1, the circuit >= 0.3; each primary alone <= 0.2, "
+                  "each primary and its backup together >= 0.3; each planted edge path-patched (denoising) scores >= 0.1; "
                   "the neighbour task's clean top-1 >= 0.9 and ablating the neighbours costs it >= 0.3 "
                   "(all ablations resample)")
+# The truth's edges beyond the planted ones: every edge from an earlier head into a circuit head's q, k or v input,
+# path-patched alone as the planted edges are, that moves the metric as much as a planted edge must (either sign).
+# A circuit trained with resampled outsiders can still lean on one of them (hard-ioi-s2's L0H6->L1H3.v: 0.253), and
+# a truth without that edge scores a method wrong for finding it.
+MEASURED_EDGE_MIN = HARD_RULE["edge_score_min"]
+
+
+def ablated_key(*heads: str) -> str:
+    """The top-1 record's key for `heads` ablated together ("L1H5 ablated", "L1H5+L2H1 ablated")."""
+    return "+".join(heads) + " ablated"
 
 
 def hard_rule(denoise: np.ndarray, noise: np.ndarray, cfg: HardConfig, top1: dict[str, float],
               edge_scores: dict[str, float]) -> dict:
     """Apply HARD_RULE to per-head patching scores ([layer, head], both directions), the top-1 accuracies
-    (clean, true_ablated, others_ablated, primary_ablated, primary_backup_ablated, neighbour_clean,
-    neighbours_ablated) and the planted edges' path-patching scores; the checks, failures and verdict."""
+    (clean, true_ablated, others_ablated, neighbour_clean, neighbours_ablated, and for each backup pair its primary
+    and the two together ablated: ablated_key) and the planted edges' path-patching scores; the checks, failures
+    and verdict."""
     effects = {"denoise": np.asarray(denoise, dtype=np.float64), "noise": 1.0 - np.asarray(noise, dtype=np.float64)}
     mask = cfg.circuit_heads.mask(cfg.n_layers, cfg.n_heads)
-    exempt = {cfg.primary, cfg.backup} - {""}
+    exempt = {name for pair in cfg.backup_pairs for name in pair}
     failures = []
     for direction, effect in effects.items():
         for layer, head in zip(*np.nonzero(mask)):
@@ -570,8 +604,7 @@ def hard_rule(denoise: np.ndarray, noise: np.ndarray, cfg: HardConfig, top1: dic
             if abs(effect[layer, head]) >= HARD_RULE["other_effect_max"]:
                 failures.append(f"{head_name((layer, head))} (not in the circuit) {direction} effect "
                                 f"{effect[layer, head]:.3f}")
-    drops = {k: top1["clean"] - top1[k] for k in ("true_ablated", "others_ablated", "primary_ablated",
-                                                  "primary_backup_ablated") if k in top1}
+    drops = {k: top1["clean"] - v for k, v in top1.items() if k not in ("clean", "neighbour_clean", "neighbours_ablated")}
     checks = [(top1["clean"] >= HARD_RULE["clean_top1_min"], f"clean top-1 {top1['clean']:.3f} < 0.9"),
               (drops["others_ablated"] <= HARD_RULE["others_ablated_top1_drop_max"],
                f"every other head ablated costs {drops['others_ablated']:.3f} top-1"),
@@ -581,11 +614,12 @@ def hard_rule(denoise: np.ndarray, noise: np.ndarray, cfg: HardConfig, top1: dic
                f"neighbour task clean top-1 {top1['neighbour_clean']:.3f} < 0.9"),
               (top1["neighbour_clean"] - top1["neighbours_ablated"] >= HARD_RULE["neighbours_ablated_top1_drop_min"],
                f"ablating the neighbours costs their task only {top1['neighbour_clean'] - top1['neighbours_ablated']:.3f}")]
-    if cfg.primary:
-        checks += [(drops["primary_ablated"] <= HARD_RULE["primary_alone_top1_drop_max"],
-                    f"the primary alone ablated costs {drops['primary_ablated']:.3f} top-1 > 0.2 (no backup took over)"),
-                   (drops["primary_backup_ablated"] >= HARD_RULE["primary_backup_top1_drop_min"],
-                    f"the primary and backup ablated cost only {drops['primary_backup_ablated']:.3f} top-1")]
+    for primary, backup in cfg.backup_pairs:
+        alone, both = drops[ablated_key(primary)], drops[ablated_key(primary, backup)]
+        checks += [(alone <= HARD_RULE["primary_alone_top1_drop_max"],
+                    f"the primary {primary} alone ablated costs {alone:.3f} top-1 > 0.2 (no backup took over)"),
+                   (both >= HARD_RULE["primary_backup_top1_drop_min"],
+                    f"the primary {primary} and its backup {backup} ablated cost only {both:.3f} top-1")]
     failures += [text for ok, text in checks if not ok]
     failures += [f"edge {edge} path-patching score {score:.3f} < {HARD_RULE['edge_score_min']}"
                  for edge, score in edge_scores.items() if score < HARD_RULE["edge_score_min"]]
@@ -599,24 +633,30 @@ def hard_rule(denoise: np.ndarray, noise: np.ndarray, cfg: HardConfig, top1: dic
             "top1_drops": {k: round(v, 6) for k, v in drops.items()}}
 
 
-def hard_circuit(cfg: HardConfig, bounds: dict | None = None) -> KnownCircuit:
-    """The ground truth circuit.json states: circuit heads with their roles (primary and backup named), the
-    planted edges, the neighbours as distractors (busy on the other task, irrelevant to this one)."""
+def hard_circuit(cfg: HardConfig, bounds: dict | None = None, measured_edges: tuple[str, ...] = ()) -> KnownCircuit:
+    """The ground truth circuit.json states: circuit heads with their roles (primaries and backups named), the
+    planted edges and the measured ones (MEASURED_EDGE_MIN), the neighbours as distractors (busy on the other task,
+    irrelevant to this one)."""
+    backups = "; ".join(f"{backup} for {primary}" for primary, backup in cfg.backup_pairs)
     notes = (f"trained jointly on {cfg.task} (circuit) and {cfg.neighbour_task} (neighbours) rows, every head outside "
              f"a row's task heads resample-ablated at every step, {cfg.steps} steps, seed {cfg.seed}",
-             f"backup: {cfg.backup} for {cfg.primary}, the primary resample-ablated on {cfg.backup_rate:.0%} of the "
-             f"circuit rows in training" if cfg.primary else "no backup",
+             f"backups: {backups}, each primary resample-ablated on {cfg.backup_rate:.0%} of the circuit rows in "
+             f"training" if backups else "no backup",
              f"distractors: the busy neighbours, which do the {cfg.neighbour_task} task ({', '.join(cfg.neighbours)})",
-             f"ground truth confirmed by exhaustive per-head activation patching (core.zoo.known.hard): {HARD_RULE_TEXT}")
+             f"ground truth confirmed by exhaustive per-head activation patching (core.zoo.known.hard): {HARD_RULE_TEXT}",
+             f"measured_edges: every edge from an earlier head into a circuit head's q, k or v path-patched alone "
+             f"(denoising); those outside the planted edges with |score| >= {MEASURED_EDGE_MIN}")
     return KnownCircuit(name=cfg.name, kind="planted", heads=cfg.circuit_heads, roles=dict(cfg.roles),
-                        edges=tuple(cfg.edges), distractors=cfg.neighbour_heads, ablation="resample",
+                        edges=tuple(cfg.edges), measured_edges=tuple(measured_edges), distractors=cfg.neighbour_heads,
+                        ablation="resample",
                         metric="logit_diff", task=task_record(cfg.task, cfg.pair_examples, cfg.pair_seed),
                         bounds=dict(bounds or {}), notes=notes)
 
 
 def confirm_hard(cfg: HardConfig, folder: Path) -> dict:
     """Confirm a trained hard model (final checkpoint): every head patched alone both ways on the circuit task,
-    the ablations HARD_RULE names, the planted edges path-patched, the neighbours ablated on their task."""
+    the ablations HARD_RULE names, the planted edges path-patched, the neighbours ablated on their task; when the
+    rule holds, every edge into a circuit head path-patched (edge_sweep) for the measured edges."""
     started = time.perf_counter()
     model = load_model(ModelRef(str(folder), "local"))
     circuit = hard_circuit(cfg)
@@ -626,24 +666,19 @@ def confirm_hard(cfg: HardConfig, folder: Path) -> dict:
     everyone = [(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
     others = HeadSet(tuple(h for h in everyone if h not in circuit.heads))
     conditions = [Ablation(circuit.heads, mode="resample", label="true"), Ablation(others, mode="resample", label="others")]
-    if cfg.primary:
-        conditions += [Ablation(parse_heads(cfg.primary), mode="resample", label="primary"),
-                       Ablation(parse_heads(f"{cfg.primary},{cfg.backup}"), mode="resample", label="primary+backup"),
-                       Ablation(parse_heads(cfg.backup), mode="resample", label="backup")]
+    for primary, backup in cfg.backup_pairs:
+        conditions += [Ablation(parse_heads(",".join(heads)), mode="resample", label=ablated_key(*heads))
+                       for heads in ((primary,), (primary, backup), (backup,))]
     clean, values = top1_under(model, pair.clean, conditions)
     top1 = {"clean": clean, "true_ablated": values[0], "others_ablated": values[1]}
-    if cfg.primary:
-        top1.update(primary_ablated=values[2], primary_backup_ablated=values[3], backup_ablated=values[4])
+    top1.update({condition.label: value for condition, value in zip(conditions[2:], values[2:])})
     neighbour_pair = known_task(task_record(cfg.neighbour_task, cfg.pair_examples, cfg.pair_seed)).build_pair()
     top1["neighbour_clean"], (top1["neighbours_ablated"],) = top1_under(
         model, neighbour_pair.clean, [Ablation(cfg.neighbour_heads, mode="resample", label="neighbours")])
-    paths = {}
-    for text in cfg.edges:
-        sender, rest = text.split("->")
-        receiver, component = rest.split(".")
-        paths[text] = round(path_patching(model, pair, parse_heads(sender), parse_heads(receiver), (component,),
-                                          PatchSettings(direction="denoise", n_controls=3, allow_small_gap=True)).score, 6)
+    paths = {text: edge_path_score(model, pair, text) for text in cfg.edges}
     verdict = hard_rule(denoise.scores, noise.scores, cfg, top1, paths)
+    sweep = edge_sweep(model, pair, cfg, paths) if verdict["confirmed"] else {}
+    measured = [text for text, score in sweep.items() if text not in paths and abs(score) >= MEASURED_EDGE_MIN]
     bounds = {f"top1_{k}": round(v, 6) for k, v in top1.items()}
     bounds.update({"clean": round(float(denoise.clean_value), 6), "corrupted": round(float(denoise.corrupted_value), 6),
                    "max_other_abs_effect": round(verdict["max_other_abs_effect"], 6)})
@@ -651,9 +686,30 @@ def confirm_hard(cfg: HardConfig, folder: Path) -> dict:
             "circuit": [head_name(h) for h in circuit.heads], "neighbours": list(cfg.neighbours),
             "primary": cfg.primary, "backup": cfg.backup, "rule": dict(HARD_RULE), "rule_text": HARD_RULE_TEXT,
             **verdict, "top1": top1, "bounds": bounds, "edges": list(cfg.edges), "path_patching": paths,
+            "measured_edges": measured, "edge_sweep": sweep,
             "patching": {"metric": denoise.metric, "pairs": dict(pair.spec), "gap": denoise.gap,
                          "denoise": denoise.scores.tolist(), "noise": noise.scores.tolist()},
             "confirm_seconds": round(time.perf_counter() - started, 2)}
+
+
+def edge_path_score(model: Any, pair: PatchPair, text: str) -> float:
+    """Edge `text` ("L1H3->L2H5.k") path-patched alone, denoising, as the confirmation patches the planted edges."""
+    sender, rest = text.split("->")
+    receiver, component = rest.split(".")
+    return round(path_patching(model, pair, parse_heads(sender), parse_heads(receiver), (component,),
+                               PatchSettings(direction="denoise", n_controls=3, allow_small_gap=True)).score, 6)
+
+
+def edge_sweep(model: Any, pair: PatchPair, cfg: HardConfig, known: dict[str, float]) -> dict[str, float]:
+    """{edge: score} for every edge from a head of an earlier layer into a circuit head's q, k or v input (the
+    scores in `known` reused): 66 to 264 edges on the registered models, one to four minutes at one thread."""
+    scores = {}
+    for layer, head in cfg.circuit_heads:
+        for sender in range(layer * cfg.n_heads):
+            for component in "qkv":
+                text = f"{head_name(divmod(sender, cfg.n_heads))}->{head_name((layer, head))}.{component}"
+                scores[text] = known[text] if text in known else edge_path_score(model, pair, text)
+    return scores
 
 
 # ----------------------------------------------------------------------------------- building
@@ -667,7 +723,8 @@ def build_hard(name: str, out_dir: Path | None = None, progress: bool | Callable
     the same training config (training_config) is kept, one of another refused. An attempt that stops at the chain
     check or fails HARD_RULE is recorded and cleared, and the next initialization trained; the last is kept whatever
     its confirmation says. A kept model that failed the rule, built under fewer attempts than cfg.max_attempts, is
-    taken up where it stopped: the next initializations train (the kept one stays until one replaces it).
+    taken up where it stopped: the next initializations train (the kept one stays until one replaces it). A confirmed
+    model whose confirmation predates the edge sweep (no edge_sweep record) is confirmed again, not retrained.
     cfg: a variant of the registered recipe (tests).
     """
     if cfg is None:
@@ -683,6 +740,8 @@ def build_hard(name: str, out_dir: Path | None = None, progress: bool | Callable
         if training_config(built) != training_config(cfg.to_json()):
             raise HeadLabError(f"{final} holds a hard planted model with another config; delete that folder to retrain it.")
         if status["confirmed"]:
+            if "edge_sweep" not in status:
+                install_hard(cfg, final)
             return final
         failed = [*manifest.get("failed_attempts", []), _unconfirmed(manifest, status)]
         if len(failed) >= cfg.max_attempts:
@@ -696,6 +755,8 @@ def build_hard(name: str, out_dir: Path | None = None, progress: bool | Callable
             except ChainNotFormed as exc:
                 failed.append({"init_seed": init_seed_of(cfg, attempt), "stopped_at_step": exc.step,
                                "train_top1": round(exc.top1, 4)})
+                _say(progress, f"{name}: initialization {attempt + 1} stopped at step {exc.step} (the chain had not "
+                               f"formed: {exc})")
                 _clear_attempt(Path(tmp))
                 continue
             finally:
@@ -704,8 +765,15 @@ def build_hard(name: str, out_dir: Path | None = None, progress: bool | Callable
             if record["confirmed"] or attempt == cfg.max_attempts - 1:
                 break
             failed.append(_unconfirmed(manifest, record))
+            _say(progress, f"{name}: initialization {attempt + 1} failed the rule: {'; '.join(record['failures'])}")
             _clear_attempt(Path(tmp))
     return final
+
+
+def _say(progress: bool | Callable | None, text: str) -> None:
+    """A line for the person watching a build's progress bars (why the next initialization trains)."""
+    if progress is True:
+        print(text, flush=True)
 
 
 def _unconfirmed(manifest: dict, record: dict) -> dict:
@@ -722,17 +790,19 @@ def _clear_attempt(folder: Path) -> None:
 
 
 def install_hard(cfg: HardConfig, folder: Path) -> dict:
-    """Confirm the trained model in `folder` and write confirmation.json, and circuit.json (beside the manifest and
-    in every checkpoint) when the rule holds; returns the confirmation record."""
+    """Confirm the trained model in `folder` and write circuit.json (beside the manifest and in every checkpoint)
+    when the rule holds, else remove any, then confirmation.json last (a confirmation interrupted before it is
+    written leaves the old one, so the next build confirms again); returns the confirmation record."""
     record = confirm_hard(cfg, folder)
     manifest = read_manifest(folder)
     record.update(train_seconds=manifest["train_seconds"], steps=cfg.steps, final=manifest["final"])
+    folders = [Path(folder) / "checkpoints" / checkpoint["revision"] for checkpoint in manifest["checkpoints"]]
+    for where in [*folders, Path(folder)]:
+        if record["confirmed"]:
+            write_circuit(where, hard_circuit(cfg, record["bounds"], tuple(record["measured_edges"])))
+        else:
+            (where / CIRCUIT_FILE).unlink(missing_ok=True)
     atomic_write_json(Path(folder) / CONFIRMATION, record)
-    if record["confirmed"]:
-        circuit = hard_circuit(cfg, record["bounds"])
-        for checkpoint in manifest["checkpoints"]:
-            write_circuit(Path(folder) / "checkpoints" / checkpoint["revision"], circuit)
-        write_circuit(folder, circuit)
     return record
 
 

@@ -93,7 +93,9 @@ class KnownCircuit(JsonResult):
     """A circuit known by construction (or confirmed by exhaustive patching), as circuit.json records it.
 
     heads: the true circuit; roles: "L0H0" -> what the head does; edges: (sender, receiver, input)
-    triples; distractors: heads that are busy (sharp patterns, large outputs) but do not move the
+    triples, built or planted; measured_edges: edges found by patching beyond those (a planted model's circuit
+    heads can lean on an edge from a head outside the circuit whose paths cancel as a whole), so a sender may be
+    any earlier head, a receiver is a circuit head; true_edges: both; distractors: heads that are busy (sharp patterns, large outputs) but do not move the
     task; ablation: the mode (AblationSettings.mode) under which the claims hold; metric: the task
     metric ("logit_diff": the clean target's logit minus the corrupted target's, at the query);
     task: the JSON record core/tasks/known.py rebuilds the pairs and the probe batch from; bounds:
@@ -106,6 +108,7 @@ class KnownCircuit(JsonResult):
     heads: HeadSet
     roles: dict[str, str]
     edges: tuple[Edge, ...]
+    measured_edges: tuple[Edge, ...] = ()
     distractors: HeadSet = field(default_factory=HeadSet)
     ablation: str = "zero"
     metric: str = "logit_diff"
@@ -119,6 +122,7 @@ class KnownCircuit(JsonResult):
             if not isinstance(value, HeadSet):
                 object.__setattr__(self, name, HeadSet(tuple(value)))
         object.__setattr__(self, "edges", tuple(parse_edge(edge) for edge in self.edges))
+        object.__setattr__(self, "measured_edges", tuple(parse_edge(edge) for edge in self.measured_edges))
         object.__setattr__(self, "notes", tuple(str(note) for note in self.notes))
         if self.kind not in KINDS:
             raise HeadLabError(f"known circuit {self.name!r} has kind {self.kind!r}; use one of {', '.join(KINDS)}.")
@@ -145,6 +149,15 @@ class KnownCircuit(JsonResult):
                 if head is not None and head not in self.heads:
                     raise HeadLabError(f"known circuit {self.name!r} has the edge {edge_text(edge)!r} through {node}, "
                                        f"which is not one of its heads ({self.heads}); add the head or drop the edge.")
+        for edge in self.measured_edges:
+            head = _head_of(edge[1])
+            if head is None or head not in self.heads:
+                raise HeadLabError(f"known circuit {self.name!r} has the measured edge {edge_text(edge)!r} into "
+                                   f"{edge[1]}, which is not one of its heads ({self.heads}); a measured edge ends at a "
+                                   "circuit head.")
+            if edge in self.edges:
+                raise HeadLabError(f"known circuit {self.name!r} lists {edge_text(edge)!r} both as an edge and as a "
+                                   "measured edge; list it once.")
 
     def validate(self, n_layers: int, n_heads: int, where: str = "") -> "KnownCircuit":
         """Refuse heads and edges a model of this shape lacks, naming the first bad one and the shape."""
@@ -155,7 +168,7 @@ class KnownCircuit(JsonResult):
                 if not (0 <= head[0] < n_layers and 0 <= head[1] < n_heads):
                     raise HeadLabError(f"{source} names {what} {head_name(head)}, which this model lacks ({shape}); "
                                        f"fix the circuit.json or rebuild the model ({BUILD_HINT}).")
-        for edge in self.edges:
+        for edge in self.true_edges:
             sender, receiver, _ = edge
             for node in (sender, receiver):
                 layer = _node_layer(node, n_layers)
@@ -172,6 +185,11 @@ class KnownCircuit(JsonResult):
     def edge_texts(self) -> tuple[str, ...]:
         return tuple(edge_text(edge) for edge in self.edges)
 
+    @property
+    def true_edges(self) -> tuple[Edge, ...]:
+        """The edge truth: the built or planted edges, then the measured ones."""
+        return (*self.edges, *self.measured_edges)
+
     def build_pair(self):
         """The task's clean/corrupted pairs (core.tasks.counterfactual.PatchPair), rebuilt from `task`."""
         return known_task(self.task).build_pair()
@@ -184,7 +202,8 @@ class KnownCircuit(JsonResult):
         """circuit.json's record: heads and edges in their text forms, so a reader can check them by eye."""
         return {"format": FORMAT, "name": self.name, "kind": self.kind,
                 "heads": [head_name(h) for h in self.heads], "roles": dict(self.roles),
-                "edges": list(self.edge_texts), "distractors": [head_name(h) for h in self.distractors],
+                "edges": list(self.edge_texts), "measured_edges": [edge_text(e) for e in self.measured_edges],
+                "distractors": [head_name(h) for h in self.distractors],
                 "ablation": self.ablation, "metric": self.metric, "task": dict(self.task),
                 "bounds": dict(self.bounds), "notes": list(self.notes)}
 
@@ -220,7 +239,8 @@ def _from_record(data: Any, where: str) -> KnownCircuit:
     missing = [key for key in ("name", "kind", "heads", "edges", "ablation") if key not in data]
     if missing:
         raise HeadLabError(f"{where} lacks {', '.join(missing)}; rebuild the model ({BUILD_HINT}) or add the field.")
-    for key, kind in (("roles", dict), ("task", dict), ("bounds", dict), ("edges", list), ("notes", list)):
+    for key, kind in (("roles", dict), ("task", dict), ("bounds", dict), ("edges", list), ("measured_edges", list),
+                      ("notes", list)):
         if key in data and not isinstance(data[key], kind):
             raise HeadLabError(f"{where}: {key} must be a JSON {'object' if kind is dict else 'list'}.")
     try:
@@ -234,6 +254,7 @@ def _from_record(data: Any, where: str) -> KnownCircuit:
         heads=_heads(data["heads"], "heads", where),
         roles={str(k): str(v) for k, v in (data.get("roles") or {}).items()},
         edges=tuple(parse_edge(edge) for edge in data["edges"]),
+        measured_edges=tuple(parse_edge(edge) for edge in data.get("measured_edges") or ()),
         distractors=_heads(data.get("distractors", []), "distractors", where),
         ablation=str(data["ablation"]), metric=str(data.get("metric", "logit_diff")),
         task=dict(data.get("task") or {}), bounds=bounds, notes=tuple(data.get("notes") or ()),
