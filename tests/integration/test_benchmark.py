@@ -96,6 +96,17 @@ def test_quick_report_resume_equals_uninterrupted(tmp_path, monkeypatch, capsys)
     assert report_fingerprint(resumed) == report_fingerprint(report)
     assert {k: v for k, v in resumed.items() if k != "runtime"} == {k: v for k, v in report.items() if k != "runtime"}
 
+    # a measured edge joins the truth (KnownCircuit.measured_edges): every item is read from the cache (their keys
+    # hold no true edges), and the edges are scored against the longer truth
+    circuit = json.loads((folder / "circuit.json").read_text())
+    (folder / "circuit.json").write_text(json.dumps({**circuit, "measured_edges": ["L0H3->L1H2.v"]}))
+    before = sorted(p.name for p in (home_b / "cache" / "benchmark").iterdir())
+    assert _run(home_b, monkeypatch, str(folder), "--quick", "--json", str(tmp_path / "c.json")) == 0
+    assert sorted(p.name for p in (home_b / "cache" / "benchmark").iterdir()) == before
+    measured = json.loads((tmp_path / "c.json").read_text())
+    assert measured["models"][0]["measured_edges"] == ["L0H3->L1H2.v"]
+    assert all(m["recovery"]["roc_auc"]["n_true"] == 3 for m in measured["results"][0]["edge_methods"])
+
 
 def test_bad_inputs(tmp_path, monkeypatch, capsys):
     home = tmp_path / "home"
