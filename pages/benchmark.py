@@ -195,8 +195,9 @@ def show(report: dict) -> None:
                 continue
             if level == HEAD_TO_HEAD:
                 st.caption("The same edge scores on the edges between two heads only: a planted circuit's truth "
-                           "names the head-to-head edges it planted, and nothing of the embeddings', MLPs' and "
-                           "logits' edges its heads also use, which the full graph counts as false.")
+                           "names the head-to-head edges it planted and those its confirmation measured, and nothing "
+                           "of the embeddings', MLPs' and logits' edges its heads also use, which the full graph "
+                           "counts as false.")
             st.dataframe(table, hide_index=True, width="stretch", key=f"bench_table_{level}")
             measure = st.selectbox("Heatmap of", [m for m, _ in MEASURE_COLUMNS], key=f"bench_measure_{level}",
                                    format_func=lambda m: dict(MEASURE_COLUMNS)[m])
