@@ -145,9 +145,9 @@ def separation_markdown(report: dict) -> list[str]:
                 "The same scores on the edges between two heads only. A planted circuit's truth names the "
                 "head-to-head edges it planted and those its confirmation measured (every edge into a circuit head "
                 "path-patched alone; those scoring as much as a planted edge must), and nothing of the edges from the "
-                "embeddings, through the MLPs or into the logits that its heads also use: on the full graph those count as false, so a method that "
-                "ranks them high loses precision for finding real parts of the circuit. ROC AUC / PR AUC (mean over "
-                "seeds [interval]):", "",
+                "embeddings, through the MLPs or into the logits that its heads also use: on the full graph those "
+                "count as false, so a method that ranks them high loses precision for finding real parts of the "
+                "circuit. ROC AUC / PR AUC (mean over seeds [interval]):", "",
                 "| method | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
         for method in report["edge_methods"]:
             cells = [f"{_cell(roc[(method['name'], t)])} / {_cell(ap[(method['name'], t)])}" for t in tasks]

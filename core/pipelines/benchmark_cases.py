@@ -29,7 +29,6 @@ from core.workspace import atomic_write_json, cache_dir, zoo_dir
 from core.zoo.known import CIRCUIT_FILE, KNOWN_MODELS, edge_text, known_circuit, known_kind
 from core.zoo.known.planted import planted_status
 
-
 BENCHMARK_VERSION = "2"  # bump when a stored item changes (2: closure verdicts read the rank where controls do not vary)
 CACHE_KIND = "benchmark"
 
@@ -41,7 +40,8 @@ class BenchmarkCase:
     name: how the report names it; ref, revision: the checkpoint; task: the circuit's task (seeds of one
     task are pooled); seed: the model's seed among them (None when there is one model of the task);
     kind: "hand-wired" | "planted" | ...; truth: the true heads; edges: the true edges' text
-    ("L0H0->L1H0.k"), the measured ones among them also in measured_edges (KnownCircuit.measured_edges); mode: the ablation type under which the circuit holds (a PROBE_MODES value);
+    ("L0H0->L1H0.k"), the measured ones among them also in measured_edges (KnownCircuit.measured_edges);
+    mode: the ablation type under which the circuit holds (a PROBE_MODES value);
     distractors: name -> heads that are busy but outside the circuit; pairs: the clean/corrupted pairs
     (the clean side is the probe batch of the screen, the gradient and the disposer); pair_spec: how
     the pairs were made (part of every cache key).

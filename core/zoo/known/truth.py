@@ -95,9 +95,10 @@ class KnownCircuit(JsonResult):
     heads: the true circuit; roles: "L0H0" -> what the head does; edges: (sender, receiver, input)
     triples, built or planted; measured_edges: edges found by patching beyond those (a planted model's circuit
     heads can lean on an edge from a head outside the circuit whose paths cancel as a whole), so a sender may be
-    any earlier head, a receiver is a circuit head; true_edges: both; distractors: heads that are busy (sharp patterns, large outputs) but do not move the
-    task; ablation: the mode (AblationSettings.mode) under which the claims hold; metric: the task
-    metric ("logit_diff": the clean target's logit minus the corrupted target's, at the query);
+    any earlier head, a receiver is a circuit head; true_edges: both; distractors: heads that are busy (sharp
+    patterns, large outputs) but do not move the task; ablation: the mode (AblationSettings.mode) under which the
+    claims hold; metric: the task metric ("logit_diff": the clean target's logit minus the corrupted target's, at
+    the query);
     task: the JSON record core/tasks/known.py rebuilds the pairs and the probe batch from; bounds:
     measured numbers (metric means: clean, corrupted, true heads ablated, every other head ablated,
     and the limits the tests hold them to); notes: how the model was made.
