@@ -142,9 +142,22 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
-def atomic_write_json(path: Path, obj: Any) -> None:
-    """Write `obj` as indented JSON, atomically."""
-    atomic_write_bytes(Path(path), (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
+def atomic_write_json(path: Path, obj: Any, flat_lists: bool = False) -> None:
+    """Write `obj` as indented JSON, atomically. flat_lists: a list of numbers, strings, booleans or nulls on one
+    line (a benchmark report's per-edge scores and edge names: indented one per line they doubled its size)."""
+    text = json_text(obj) if flat_lists else json.dumps(obj, indent=2, sort_keys=False)
+    atomic_write_bytes(Path(path), (text + "\n").encode())
+
+
+def json_text(obj: Any, level: int = 0) -> str:
+    """JSON of `obj` indented by 2 per level, with each list that holds no list or object on a single line."""
+    pad, inner = "  " * level, "  " * (level + 1)
+    if isinstance(obj, dict) and obj:
+        items = [f"{inner}{json.dumps(str(key))}: {json_text(value, level + 1)}" for key, value in obj.items()]
+        return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+    if isinstance(obj, (list, tuple)) and any(isinstance(x, (dict, list, tuple)) for x in obj):
+        return "[\n" + ",\n".join(f"{inner}{json_text(x, level + 1)}" for x in obj) + f"\n{pad}]"
+    return json.dumps(obj)
 
 
 @contextlib.contextmanager

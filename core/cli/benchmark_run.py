@@ -367,7 +367,7 @@ def write_report(report: dict, folder: Path, figures: bool = True, source: Path 
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     json_path = folder / REPORT_JSON
-    atomic_write_json(json_path, report)
+    atomic_write_json(json_path, report, flat_lists=True)
     written.append(json_path)
     for bundle in bundles:
         written += export_bundle(bundle, folder, formats=FIGURE_FORMATS)

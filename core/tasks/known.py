@@ -177,6 +177,38 @@ class TwoHopSpec(_PlantedSpec):
         return PatchPair(clean, torch.from_numpy(corrupted), torch.from_numpy(g.copy()), spec)
 
 
+@dataclass(frozen=True)
+class SkipInductionSpec(_PlantedSpec):
+    """A X B ... C Y D ... A -> B (the token two after the earlier A); corrupted: A and C swapped, answer D.
+
+    Induction one token further on: the key at B must hold A, two tokens back, which a previous-token head in
+    one layer moves to X and a second one, reading X's position, moves on to B (hard.py's hard-skip-induction).
+    induction_pos is B's position (p + 2); duplicate_pos, the position before it (ProbeBatch's rule), X's.
+    """
+
+    task: ClassVar[str] = "known-skip-induction"
+    n_planted: ClassVar[int] = 6
+    n_pairs: ClassVar[int] = 3  # two three-token slots take as many positions as three pairs
+
+    def build_pair(self) -> PatchPair:
+        tokens, planted, _ = self._draw()
+        rng = np.random.RandomState(self.seed + 1)  # the slots: a stream of their own
+        q = self.seq_len - 1
+        starts = np.stack([1 + 3 * rng.permutation((q - 1) // 3)[:2] for _ in range(self.n_examples)])  # [N, 2]
+        rows = np.arange(self.n_examples)
+        a, x, b, c, y, d = planted.T
+        p, r = starts.T
+        for pos, slot in ((p, (a, x, b)), (r, (c, y, d))):
+            for offset, token in enumerate(slot):
+                tokens[rows, pos + offset] = token
+        tokens[:, q] = a
+        corrupted = tokens.copy()
+        corrupted[rows, p], corrupted[rows, r] = c, a
+        clean = self._batch(tokens, b, p + 1)  # induction_pos p + 2 (B); duplicate_pos p + 1 (X: a batch's rule)
+        spec = {**clean.spec, "corruption": "A and C swapped at p and r: the final A now follows ... A Y D, answer D"}
+        return PatchPair(clean, torch.from_numpy(corrupted), torch.from_numpy(d.copy()), spec)
+
+
 MAX_KNOWN_EXAMPLES = 4096  # pairs a circuit.json task may ask for (HeadLab's known models use 64): built at once in memory
 MAX_KNOWN_SEQ_LEN = 4096
 
@@ -196,7 +228,8 @@ def _check_record_counts(cls: type, record: Mapping[str, Any]) -> None:
                                f"{most} (the pairs are built at once in memory); fix the circuit.json.")
 
 
-KNOWN_TASKS: dict[str, type] = {"known-induction": SwapInductionSpec, "known-twohop": TwoHopSpec}
+KNOWN_TASKS: dict[str, type] = {"known-induction": SwapInductionSpec, "known-twohop": TwoHopSpec,
+                                 "known-skip-induction": SkipInductionSpec}
 
 
 def known_task(record: Mapping[str, Any]) -> _PlantedSpec:

@@ -65,6 +65,25 @@ def test_induction_rows_answer_the_token_after_the_earlier_a():
         assert row[-1] == row[p] and rows["target"][i] == row[p + 1]
 
 
+def test_skip_induction_rows_answer_the_token_two_after_the_earlier_a_and_pairs_swap_a_and_c():
+    rows = hard.skip_induction_rows(5, 6)
+    for i, row in enumerate(rows["tokens"]):
+        p = rows["p"][i]
+        assert row[-1] == row[p] and rows["target"][i] == row[p + 2] and list(row).count(row[p]) == 2
+    guide = guide_keys("skip-induction", rows, "induction")
+    assert guide.sum() == 6 and all(guide[i, 15, rows["p"][i] + 2] for i in range(6))
+    cfg = hard.HardConfig(name="hard-skip-induction-s0", seed=0, **hard.SKIP_INDUCTION_RECIPE)  # the seventh round's
+    tokens, targets, _, guides = training_rows(cfg, 0)
+    assert (tokens[0::2, -1] != MARK).all() and guides["L2H1"][0::2].sum() == cfg.batch_size // 2
+    pair = known_task(hard.task_record("skip-induction", 8, 1)).build_pair()
+    changed = (pair.clean.tokens != pair.corrupted_tokens).numpy()
+    assert (changed.sum(axis=1) == 2).all()
+    for i in range(8):  # the corrupted prompt's final token now follows its earlier occurrence by ... D
+        tokens, p = pair.corrupted_tokens[i].numpy(), int(pair.clean.induction_pos[i]) - 2
+        earlier = int(np.flatnonzero(tokens[:-1] == tokens[-1])[0])
+        assert tokens[earlier + 2] == pair.corrupted_target[i] and earlier != p
+
+
 def test_training_rows_live_heads_per_task_and_randomly_dead_primaries():
     cfg = replace(HARD_CONFIGS["hard-induction-s0"], **hard.INDUCTION_WITH_PREVIOUS_TOKEN_BACKUP)  # two backup pairs
     assert cfg.backup_pairs == [("L1H5", "L2H1"), ("L0H2", "L0H4")]

@@ -1,10 +1,11 @@
+import json
 import os
 from pathlib import Path
 
 import pytest
 
 from core.errors import HeadLabError
-from core.workspace import atomic_directory, atomic_write_json, headlab_home
+from core.workspace import atomic_directory, atomic_write_json, headlab_home, json_text
 
 
 def test_home_respects_env_and_xdg(monkeypatch, tmp_path):
@@ -45,3 +46,12 @@ def test_atomic_directory_leaves_nothing_on_error(tmp_path):
         atomic_write_json(tmp / "meta.json", {"a": 1})
     assert (final / "meta.json").read_text().strip().startswith("{")
     assert [p.name for p in tmp_path.iterdir()] == ["entry"]
+
+
+def test_json_text_puts_flat_lists_on_one_line_and_reads_back_equal(tmp_path):
+    obj = {"a": [1, 2.5, None, "L0H1->L1H2.k"], "b": {"c": [[1, 2], {"d": []}], "e": {}}, "f": "x", "g": [True]}
+    text = json_text(obj)
+    assert json.loads(text) == obj
+    assert '  "a": [1, 2.5, null, "L0H1->L1H2.k"],' in text.splitlines() and '      [1, 2],' in text.splitlines()
+    atomic_write_json(tmp_path / "r.json", obj, flat_lists=True)
+    assert (tmp_path / "r.json").read_text() == text + "\n"

@@ -13,7 +13,8 @@ attention-pattern guides on the planted heads), extended for issue 43:
   reads it, a name mover copies the name that is not S, and a backup mover: four heads). "induction": A B ... C D
   ... A -> B (SwapInductionSpec's prompts: a previous-token head, an induction head that reads it and its backup a
   layer later: three heads over three layers, one short of the issue's 4 to 10; a fourth, a backup previous-token
-  head, failed the rule in every build: hard-training.json's sixth round).
+  head, failed the rule in every build: hard-training.json's sixth round). "skip-induction" (A X B ... A -> B, two
+  previous-token heads in a row, SKIP_INDUCTION_RECIPE) did not learn in the seventh round and is not registered.
 - **Backup heads** (`primary`, `backup`: pairs; the mover's and the induction head's): each primary is
   resample-ablated on a share of the circuit rows (`backup_rate`) and its backup on a share of the others
   (`backup_drop_rate`, never both), so either does the job alone; the confirmation checks that a primary alone
@@ -57,7 +58,7 @@ from core.model.loading import load_model
 from core.model.refs import MANIFEST, ModelRef, read_manifest, zoo_model_dir
 from core.results import JsonResult
 from core.tasks.counterfactual import PatchPair
-from core.tasks.known import KNOWN_TASKS, SwapInductionSpec, known_task
+from core.tasks.known import KNOWN_TASKS, SkipInductionSpec, SwapInductionSpec, known_task
 from core.workspace import atomic_directory, atomic_write_json
 from core.zoo.config import ModelConfig
 from core.zoo.known.planted import (BOS, CONFIRMATION, MARK, VOCAB_SIZE, _fresh, _lr_at, _PairSpec, _progress,
@@ -69,7 +70,7 @@ NAME_LOW, NAME_HIGH = 4, 24  # ioi names
 FILLER_LOW = 24  # ioi fillers [24, 64), distinct in a row
 INDUCTION_LOW, INDUCTION_HIGH = 24, 48  # the induction prompts' tokens
 SEQ_LEN = 16  # short rows: one model trains in minutes at one thread
-HARD_TASKS = ("ioi", "induction")
+HARD_TASKS = ("ioi", "induction", "skip-induction")
 DETACH_CHOICES = ("none", "idle", "all")
 
 
@@ -142,10 +143,20 @@ def induction_rows(seed: int, n: int) -> dict[str, np.ndarray]:
     return {"tokens": pair.clean.tokens.numpy(), "target": pair.clean.target.numpy(), "p": starts[:, 0]}
 
 
+def skip_induction_spec(n: int, seed: int) -> SkipInductionSpec:
+    return SkipInductionSpec(n_examples=n, seq_len=SEQ_LEN, token_low=INDUCTION_LOW, token_high=INDUCTION_HIGH, seed=seed)
+
+
+def skip_induction_rows(seed: int, n: int) -> dict[str, np.ndarray]:
+    """n skip-one induction rows (A X B ... C Y D ... A -> B): tokens [n, T], target B [n], p (A X B at p) [n]."""
+    clean = skip_induction_spec(n, seed).build_pair().clean
+    return {"tokens": clean.tokens.numpy(), "target": clean.target.numpy(), "p": clean.induction_pos.numpy() - 2}
+
+
 # Attention-pattern guides: pattern -> the key each row's guided query attends to. Query positions: the
 # final marker/query (q) unless said; "previous-token": every position t >= 1 -> t - 1.
 PATTERNS = {"ioi": ("duplicate-token", "s-inhibition", "name-mover"),
-            "induction": ("previous-token", "induction")}
+            "induction": ("previous-token", "induction"), "skip-induction": ("previous-token", "induction")}
 
 
 def guide_keys(task: str, rows: dict[str, np.ndarray], pattern: str, seq_len: int = SEQ_LEN) -> torch.Tensor:
@@ -160,7 +171,7 @@ def guide_keys(task: str, rows: dict[str, np.ndarray], pattern: str, seq_len: in
     query, key = {"duplicate-token": ("s2", "s1"), "s-inhibition": (None, "s2"), "name-mover": (None, "io"),
                   "induction": (None, "p")}[pattern]
     queries = torch.full((n,), q) if query is None else torch.from_numpy(rows[query])
-    offset = 1 if pattern == "induction" else 0  # the induction head reads B, after A at p
+    offset = {"induction": 1, "skip-induction": 2}.get(task, 0) if pattern == "induction" else 0  # B: after A at p
     keys[index, queries, torch.from_numpy(rows[key]) + offset] = True
     return keys
 
@@ -174,6 +185,8 @@ def hard_batch(task: str, step: int, n: int, seed: int, salt: int) -> dict[str, 
         return rows
     if task == "induction":
         return induction_rows(stream, n)
+    if task == "skip-induction":
+        return skip_induction_rows(stream, n)
     raise HeadLabError(f"unknown hard task {task!r}; use one of {', '.join(HARD_TASKS)}.")
 
 
@@ -181,6 +194,8 @@ def task_record(task: str, n_examples: int = 128, seed: int = 0) -> dict:
     """The circuit.json task record of a hard task (known_task rebuilds its pairs from it)."""
     if task == "ioi":
         return IoiPairSpec(n_examples=n_examples, seed=seed).to_json()
+    if task == "skip-induction":
+        return skip_induction_spec(n_examples, seed).to_json()
     return induction_spec(n_examples, seed).to_json()
 
 
@@ -307,6 +322,15 @@ INDUCTION_WITH_PREVIOUS_TOKEN_BACKUP = dict(
            "ablated)", "L1H5": "induction (primary: at the final A, to B)",
            "L2H1": "backup induction (takes over when L1H5 is ablated)"},
     edges=("L0H2->L1H5.k", "L0H2->L2H1.k", "L0H4->L1H5.k", "L0H4->L2H1.k"), primary="L1H5,L0H2", backup="L2H1,L0H4")
+# The seventh round's four-head task (hard-training.json): induction one token further on (A X B ... A -> B) over
+# layers 0-3, a previous-token head moving A to X, a second moving it on to B, an induction head and its backup;
+# trained as hard-induction (HardConfig(name=..., seed=..., **SKIP_INDUCTION_RECIPE)), the chain had not formed by step
+# 4,000 in either initialization tried (train top-1 0.043 and 0.046, chance 1/24), so it is not registered
+SKIP_INDUCTION_HEADS = dict(
+    circuit={"L0H2": "previous-token", "L1H6": "previous-token", "L2H1": "induction", "L3H4": "induction"},
+    roles={"L0H2": "previous-token (at X, to A)", "L1H6": "previous-token (at B, to X: moves A on)",
+           "L2H1": "induction (primary: at the final A, to B)", "L3H4": "backup induction (takes over when L2H1 is ablated)"},
+    edges=("L0H2->L1H6.v", "L1H6->L2H1.k", "L1H6->L3H4.k"), primary="L2H1", backup="L3H4")
 # The training that confirmed hard-ioi (docs/benchmark/hard-training.json, fifth round): the primary resampled on half
 # the circuit rows, the backup on a fifth of the others; once the chain has formed (step 5,000) the heads outside the
 # circuit live on half the circuit rows and the idle heads re-initialized and frozen; a restart when the chain has not
@@ -325,6 +349,9 @@ HARD_RECIPES = {
                            **{**_BACKUP_TRAINING, "backup_rate": 0.4, "backup_drop_rate": 0.3},
                            neighbours={"L1H3": "duplicate-token", "L2H5": "s-inhibition", "L4H2": "name-mover"}),
 }
+SKIP_INDUCTION_RECIPE = dict(task="skip-induction", neighbour_task="ioi", n_layers=6, **SKIP_INDUCTION_HEADS,
+                             **{**_BACKUP_TRAINING, "backup_rate": 0.4, "backup_drop_rate": 0.3},
+                             neighbours=dict(HARD_RECIPES["hard-induction"]["neighbours"]))
 SEEDS = (0, 1, 2)
 HARD_CONFIGS: dict[str, HardConfig] = {f"{base}-s{seed}": HardConfig(name=f"{base}-s{seed}", seed=seed, **recipe)
                                        for base, recipe in HARD_RECIPES.items() for seed in SEEDS}
