@@ -31,7 +31,9 @@ attention-pattern guides on the planted heads), extended for issue 43:
 The measured rounds behind each choice, and the variants tried and dropped (a two-hop task, output guides,
 detached resampling, guides trained alone first): docs/benchmark/hard-training.json, summarized in
 docs/benchmark/hard-models.md. The ground truth is written only when `HARD_RULE` holds (checked by exhaustive
-patching, as in planted.py); confirmation.json keeps the numbers either way.
+patching, as in planted.py); confirmation.json keeps the numbers either way. A confirmed model's every edge from an
+earlier head into a circuit head is then path-patched (`edge_sweep`), and those that score as a planted edge must join
+the truth as circuit.json's `measured_edges`.
 
 Long because one recipe is read here top to bottom: the two tasks' rows and guides, the config with every training
 knob, the per-row hooks and the training loop that use them, and the rule that confirms the result; split, each
