@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, ClassVar
@@ -52,7 +52,7 @@ from typing import Any, Callable, ClassVar
 import numpy as np
 import torch
 
-from core.ablation.patching import PatchSettings, activation_patching, path_patching
+from core.ablation.patching import PatchSettings, activation_patching
 from core.ablation.spec import Ablation
 from core.errors import HeadLabError
 from core.heads import HeadSet, head_name, parse_heads
@@ -64,8 +64,8 @@ from core.tasks.known import KNOWN_TASKS, SkipInductionSpec, SwapInductionSpec, 
 from core.workspace import atomic_directory, atomic_write_json
 from core.zoo.config import ModelConfig
 from core.zoo.known.planted import (BOS, CONFIRMATION, MARK, VOCAB_SIZE, _fresh, _lr_at, _PairSpec, _progress,
-                                    output_projection, planted_status, top1_under)
-from core.zoo.known.truth import CIRCUIT_FILE, KnownCircuit, write_circuit
+                                    edge_path_score, output_projection, planted_status, top1_under)
+from core.zoo.known.truth import CIRCUIT_FILE, KnownCircuit, edge_text, write_circuit
 from core.zoo.train import _save_checkpoint, build_model, log_checkpoint_steps
 
 NAME_LOW, NAME_HIGH = 4, 24  # ioi names
@@ -721,14 +721,6 @@ def confirm_hard(cfg: HardConfig, folder: Path) -> dict:
             "confirm_seconds": round(time.perf_counter() - started, 2)}
 
 
-def edge_path_score(model: Any, pair: PatchPair, text: str) -> float:
-    """Edge `text` ("L1H3->L2H5.k") path-patched alone, denoising, as the confirmation patches the planted edges."""
-    sender, rest = text.split("->")
-    receiver, component = rest.split(".")
-    return round(path_patching(model, pair, parse_heads(sender), parse_heads(receiver), (component,),
-                               PatchSettings(direction="denoise", n_controls=3, allow_small_gap=True)).score, 6)
-
-
 def edge_sweep(model: Any, pair: PatchPair, cfg: HardConfig, known: dict[str, float]) -> dict[str, float]:
     """{edge: score} for every edge from a head of an earlier layer into a circuit head's q, k or v input (the
     scores in `known` reused): 66 to 264 edges on the registered models, one to four minutes at one thread."""
@@ -736,7 +728,7 @@ def edge_sweep(model: Any, pair: PatchPair, cfg: HardConfig, known: dict[str, fl
     for layer, head in cfg.circuit_heads:
         for sender in range(layer * cfg.n_heads):
             for component in "qkv":
-                text = f"{head_name(divmod(sender, cfg.n_heads))}->{head_name((layer, head))}.{component}"
+                text = edge_text((head_name(divmod(sender, cfg.n_heads)), head_name((layer, head)), component))
                 scores[text] = known[text] if text in known else edge_path_score(model, pair, text)
     return scores
 
@@ -826,9 +818,10 @@ def install_hard(cfg: HardConfig, folder: Path) -> dict:
     manifest = read_manifest(folder)
     record.update(train_seconds=manifest["train_seconds"], steps=cfg.steps, final=manifest["final"])
     folders = [Path(folder) / "checkpoints" / checkpoint["revision"] for checkpoint in manifest["checkpoints"]]
+    circuit = hard_circuit(cfg, record["bounds"], tuple(record["measured_edges"])) if record["confirmed"] else None
     for where in [*folders, Path(folder)]:
-        if record["confirmed"]:
-            write_circuit(where, hard_circuit(cfg, record["bounds"], tuple(record["measured_edges"])))
+        if circuit is not None:
+            write_circuit(where, circuit)
         else:
             (where / CIRCUIT_FILE).unlink(missing_ok=True)
     atomic_write_json(Path(folder) / CONFIRMATION, record)

@@ -66,7 +66,7 @@ from core.tasks.probe_batch import ProbeBatch, check_seed
 from core.workspace import atomic_directory, atomic_write_json
 from core.zoo.config import ModelConfig
 from core.zoo.known.handwired import measure_bounds
-from core.zoo.known.truth import KnownCircuit, write_circuit
+from core.zoo.known.truth import KnownCircuit, edge_text, parse_edge, write_circuit
 from core.zoo.train import _save_checkpoint, build_model, load_checkpoint_model, log_checkpoint_steps
 
 VOCAB_SIZE = 64
@@ -638,10 +638,17 @@ def edge_paths(model: Any, pair: PatchPair, circuit: KnownCircuit) -> dict[str, 
             if sender[0] >= receiver[0]:
                 continue
             for component in ("q", "k", "v"):
-                result = path_patching(model, pair, HeadSet((sender,)), HeadSet((receiver,)), (component,),
-                                       PatchSettings(direction="denoise", n_controls=3, allow_small_gap=True))
-                out[f"{head_name(sender)}->{head_name(receiver)}.{component}"] = round(result.score, 6)
+                text = edge_text((head_name(sender), head_name(receiver), component))
+                out[text] = edge_path_score(model, pair, text)
     return out
+
+
+def edge_path_score(model: Any, pair: PatchPair, text: str) -> float:
+    """Edge `text` ("L1H3->L2H5.k", from one head into another) path-patched alone, denoising, as every planted
+    edge is confirmed (here and in hard.py); rounded to 6 decimals."""
+    sender, receiver, component = parse_edge(text)
+    return round(path_patching(model, pair, parse_heads(sender), parse_heads(receiver), (component,),
+                               PatchSettings(direction="denoise", n_controls=3, allow_small_gap=True)).score, 6)
 
 
 @torch.no_grad()
