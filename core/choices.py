@@ -53,6 +53,7 @@ def check_device(device: str) -> str:
 
 # --- probes (core/tasks/) ---
 PROBE_TASKS = ("induction", "induction-repeat", "text", "ioi")  # core.tasks.specs.SPEC_CLASSES, in this order
+FREE_LENGTH_TASKS = ("induction", "induction-repeat", "text")  # probes of any seq_len (IOI's is its templates')
 CORRUPTIONS = ("abc", "swap")  # the ioi task's counterfactuals (core/tasks/ioi.py)
 PADDING_SIDES = ("right", "left")  # a probe file's padding (core/tasks/probe_file.py)
 HHG_FORMATS = ("headlab", "reference")  # [HHG] reverse/sort training layouts (core/tasks/sequences.py says what)

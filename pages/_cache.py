@@ -26,7 +26,8 @@ import streamlit as st
 
 from core.ablation.clean_run import CleanRuns, clean_run_key, fits_clean_run, forward_seconds
 from core.ablation.engine import run_conditions
-from core.ablation.study import AblationResult, AblationSettings, ablate_alone, ablation_study, preview_result
+from core.ablation.study import (PROBE_SIZES, AblationResult, AblationSettings, ablate_alone, ablation_study,
+                                 preview_result)
 from core.ablation.workers import ablation_study_on, ablation_workers, warm_workers
 from core.errors import HeadLabError
 from core.executor import Executor, SerialExecutor, WorkerPool, make_executor
@@ -319,9 +320,13 @@ def _lab_clean_runs(ws: Workspace, probe_file: ProbeFile | None, batch: Any) -> 
 
 @st.cache_resource(show_spinner="Timing one forward of this model...", max_entries=8)
 def cached_forward_seconds(model_name: str, revision: str, stamp: str, dtype: str, seq_len: int) -> float:
-    """Seconds one example of `seq_len` tokens takes through the model here (the best of two timed
-    forwards of 2 examples, after a warm-up): what the lab's time estimates multiply."""
-    return forward_seconds(cached_model(model_name, revision, stamp, dtype), seq_len)
+    """Seconds one example of `seq_len` tokens takes through the model here: the best of two timed forwards of
+    PROBE_SIZES[0] examples (the smallest probe a study batches), after a warm-up, at the threads the thread policy
+    gives a study now. What the lab's time estimates multiply: timed on 2 examples at the page's thread count, it
+    put SmolLM2's 13 s study at 24 s."""
+    model = cached_model(model_name, revision, stamp, dtype)
+    apply_thread_policy()
+    return forward_seconds(model, seq_len, rows=PROBE_SIZES[0])
 
 
 def lab_clean_run_kept(ws: Workspace, probe_file: ProbeFile | None = None) -> bool:

@@ -6,7 +6,9 @@ import streamlit as st
 
 from core.ablation.engine import AblationCancelled
 from core.ablation.spec import PROBE_MODES, mode_help
-from core.ablation.study import AblationSettings, example_damage, worst_examples
+from core.ablation.study import (PROBE_SIZES, STUDY_TARGET_SECONDS, AblationSettings, example_damage,
+                                 propose_probe_size, study_seconds, worst_examples)
+from core.choices import FREE_LENGTH_TASKS
 from core.errors import HeadLabError
 from core.figures.ablation import ablation_strip, head_grid, per_example_damage
 from core.heads import HeadSet, head_name, parse_heads
@@ -18,7 +20,7 @@ from core.threads import load_mark, thread_policy
 from pages._cache import (cached_forward_seconds, checkpoint_screen, lab_clean_run_kept, prepare_ablation, run_ablation,
                           screen_report, stored_ablation)
 from pages._state import (ABLATION_HEADS, HAND_OFF_NOTE, HEADS_MODEL, HEADS_TEXT, HEADS_URL, LAB_ON_FILE,
-                          LAB_ON_WORKSPACE, LAB_PROBE, N_EXAMPLES, ablation_history, open_in_inspector,
+                          LAB_ON_WORKSPACE, LAB_PROBE, N_EXAMPLES, SEQ_LEN, ablation_history, open_in_inspector,
                           require_workspace, set_choice, uploaded_probe_file)
 from pages._widgets import chart_pick, guarded, show_figure
 
@@ -29,7 +31,6 @@ CANCELLED = "_ablation_cancelled"  # set by the cancel button, read by the runni
 CLICK_THREADS = "_ablation_click_threads"  # the thread policy's choice when Run was pressed
 LOAD_MARK = "_ablation_load_mark"  # the CPUs' counters at this page's last run: the click measures the load since
 PRESET_MESSAGE = "_preset_message"  # why a preset found no heads (shown after the rerun)
-TARGET_SECONDS = 20.0  # the proposed probe size answers a study in about this long on this machine
 PREPARE_SECONDS = 5.0  # a clean run estimated longer is not run when the page opens, but with the first ablation
 VERDICT_TITLES = {"recipe": "Recipe verdict [SPC]", "closure_paper": "Closure verdict, paper rule [CVC]",
                   "closure_reference": "Closure verdict, reference rule [CVC]"}
@@ -135,55 +136,58 @@ def _live_drawer(slot, ws):
     return draw
 
 
-def _study_seconds(per_example: float, n: int, n_conditions: int, replay_fraction: float, clean_kept: bool) -> float:
-    """Estimated seconds of a study: the clean forward (unless kept) and each condition replaying its layers."""
-    return per_example * n * ((0.0 if clean_kept else 1.0) + n_conditions * replay_fraction)
-
-
-def _use_n(n: int) -> None:
+def _use_probe(n: int, seq_len: int) -> None:
     set_choice(N_EXAMPLES, n)
+    set_choice(SEQ_LEN, seq_len)
 
 
 def _probe_size_panel(ws, selection, n_controls: int, n_layers: int, history: list) -> float:
-    """Propose the probe size that answers in about TARGET_SECONDS here and say what it costs in power;
-    returns the estimated seconds of a study at the workspace's N."""
+    """Propose the probe size that answers in about STUDY_TARGET_SECONDS here (fewer examples, then for a
+    random-token task shorter sequences) and say what it costs in power; returns the estimated seconds of a study
+    at the workspace's probe."""
     n_now, seq_len = ws.spec.n_examples, ws.spec.seq_len
-    per_example = cached_forward_seconds(ws.model_name, ws.revision, ws.stamp, ws.dtype, seq_len)
+    def per_example_at(length: int) -> float:
+        return cached_forward_seconds(ws.model_name, ws.revision, ws.stamp, ws.dtype, length)
+
+    per_example = per_example_at(seq_len)
     kept = ws.backend == "serial" and lab_clean_run_kept(ws)  # Ray workers keep their own
     start = min(selection.layers) if selection is not None and len(selection) else n_layers // 2
     fraction = (n_layers - start) / n_layers  # a condition replays the blocks from its lowest ablated layer on
     n_conditions = n_controls + 2  # the candidate, the controls and the upper bound
-    sizes = sorted({8, 16, 32, 64, 128, 256, n_now})  # larger sizes too: what more examples would buy
-    fits = [n for n in sizes if _study_seconds(per_example, n, n_conditions, fraction, kept and n == n_now) <= TARGET_SECONDS]
-    proposed = max(fits) if fits else min(sizes)
-    seconds_now = _study_seconds(per_example, n_now, n_conditions, fraction, kept)
-    proposed_seconds = _study_seconds(per_example, proposed, n_conditions, fraction, kept and proposed == n_now)
+    free_length = ws.task in FREE_LENGTH_TASKS  # IOI prompts are as long as their templates
+    proposal = propose_probe_size(per_example_at, n_now, seq_len, n_conditions, fraction, kept, free_length)
+    sizes = sorted({*PROBE_SIZES, n_now})  # larger sizes too: what more examples would buy
+    seconds_now = study_seconds(per_example, n_now, n_conditions, fraction, kept)
     # when even the smallest probe is slow, the controls are what to cut: how many fit the target at that size
-    budget = TARGET_SECONDS / (per_example * proposed) - (0.0 if kept and proposed == n_now else 1.0)
+    budget = (STUDY_TARGET_SECONDS / (per_example * proposal.n_examples)
+              - (0.0 if kept and proposal.n_examples == n_now else 1.0))
     controls_fit = int(budget / fraction) - 2 if fraction > 0 else n_controls
     runs_here = [h for h in history if h["model"] == ws.model_name]
     sd = None
     if runs_here:
         last = runs_here[0]["result"]
         sd = float(np.std(example_damage(last.clean, last.candidate, "loss"), ddof=1))
-    if proposed != n_now and fits:
-        headline = f"; N = {proposed} answers in about {proposed_seconds:.0f} s"
-    elif not fits:
-        headline = f"; even N = {proposed} takes about {proposed_seconds:.0f} s here"
+    changed = (proposal.n_examples, proposal.seq_len) != (n_now, seq_len)
+    shorter = f" of {proposal.seq_len} tokens" if proposal.seq_len != seq_len else ""
+    if changed and proposal.fits:
+        headline = f"; N = {proposal.n_examples}{shorter} answers in about {proposal.seconds:.0f} s"
+    elif not proposal.fits:
+        headline = f"; even N = {proposal.n_examples} takes about {proposal.seconds:.0f} s here"
     else:
         headline = ""
     with st.expander(f"Probe size: about {seconds_now:.0f} s per study at N = {n_now} here" + headline,
-                     expanded=seconds_now > TARGET_SECONDS):
+                     expanded=seconds_now > STUDY_TARGET_SECONDS):
         st.caption(f"One example of {seq_len} tokens takes {per_example * 1000:.0f} ms through {ws.model_name} "
                    f"({ws.dtype}) on this machine now. A study is the clean forward"
                    f"{' (kept: not rerun)' if kept else ''} and {n_conditions} conditions (the candidate, "
                    f"{n_controls} controls, the upper bound), each replaying layers {start}..{n_layers - 1} "
-                   "(from the lowest ablated layer). Estimates; a busy machine is slower.")
+                   f"(from the lowest ablated layer). The proposal is the largest probe that answers in about "
+                   f"{STUDY_TARGET_SECONDS:.0f} s. Estimates; a busy machine is slower.")
         p_min = 1 / (n_controls + 1)
         rows = []
         for n in sizes:
             row = {"N examples": n,
-                   "est. seconds": round(_study_seconds(per_example, n, n_conditions, fraction, kept and n == n_now), 1),
+                   "est. seconds": round(study_seconds(per_example, n, n_conditions, fraction, kept and n == n_now), 1),
                    "SE of each Δ, vs N now": f"{np.sqrt(n_now / n):.2f}x"}
             if sd is not None:
                 row["SE of Δ loss (nats)"] = f"{sd / np.sqrt(n):.3g}"
@@ -196,15 +200,23 @@ def _probe_size_panel(ws, selection, n_controls: int, n_layers: int, history: li
                    + f". The rank p cannot go below 1/(controls + 1) = {p_min:.3g} with {n_controls} controls, "
                    f"whatever N; the closure verdicts need at least {MIN_CLOSURE_CONTROLS} controls. Fewer examples "
                    "leave p's floor alone but widen each Δ's interval, so a small effect ranks less reliably.")
-        if not fits and 1 <= controls_fit < n_controls:
-            st.caption(f"To answer in about {TARGET_SECONDS:.0f} s at N = {proposed}, use {controls_fit} controls: the "
-                       f"smallest p then is {1 / (controls_fit + 1):.3g}"
+        if proposal.seq_len != seq_len:
+            st.caption(f"Even N = {proposal.n_examples} of {seq_len} tokens takes about "
+                       f"{study_seconds(per_example, proposal.n_examples, n_conditions, fraction, False):.0f} s here, so "
+                       f"the proposal also shortens the sequences to {proposal.seq_len} tokens (one example of "
+                       f"{proposal.seq_len} tokens timed at {per_example_at(proposal.seq_len) * 1000:.0f} ms). Each "
+                       "example gives the model less context: on the "
+                       "induction probe the earlier A B sits closer to the query, and the repeat probe's loss "
+                       "averages over fewer repeated tokens.")
+        if not proposal.fits and 1 <= controls_fit < n_controls:
+            st.caption(f"To answer in about {STUDY_TARGET_SECONDS:.0f} s at N = {proposal.n_examples}, use "
+                       f"{controls_fit} controls: the smallest p then is {1 / (controls_fit + 1):.3g}"
                        + (f", and the closure verdicts, which need {MIN_CLOSURE_CONTROLS}, are inconclusive"
                           if controls_fit < MIN_CLOSURE_CONTROLS else "") + ". Or choose bfloat16 in the sidebar.")
-        if proposed != n_now:
-            st.button(f"Use N = {proposed} (about {_study_seconds(per_example, proposed, n_conditions, fraction, False):.0f} s "
-                      "with its clean run)", key="use_proposed_n", on_click=_use_n, args=(proposed,),
-                      help="Sets the sidebar's N examples for the whole workspace (every page measures on it).")
+        if changed:
+            st.button(f"Use N = {proposal.n_examples}{shorter} (about {proposal.seconds:.0f} s with its clean run)",
+                      key="use_proposed_n", on_click=_use_probe, args=(proposal.n_examples, proposal.seq_len),
+                      help="Sets the sidebar's probe for the whole workspace (every page measures on it).")
     return seconds_now
 
 

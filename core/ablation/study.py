@@ -288,3 +288,53 @@ def ablate_alone(model: Any, batch: Any, head: tuple[int, int], mode: str = "zer
     """
     clean, (alone,) = run_conditions(model, batch, [Ablation(HeadSet((head,)), mode=mode, label=head_name(head))])
     return clean, alone
+
+
+# ----------------------------------------------------------------------------------- the lab's probe size
+
+STUDY_TARGET_SECONDS = 10.0  # the ablation lab proposes a probe that answers a study in about this long here
+PROBE_SIZES = (8, 16, 32, 64, 128, 256)  # the example counts it weighs (8: the sidebar's minimum)
+PROBE_LENGTHS = (56, 48, 40, 32, 24, 16)  # the shorter lengths it weighs where even 8 examples are too slow
+
+
+def study_seconds(per_example: float, n: int, n_conditions: int, replay_fraction: float, clean_kept: bool) -> float:
+    """Estimated seconds of a study: the clean forward (unless kept) and each condition replaying its layers
+    (replay_fraction of the model's blocks, from the lowest ablated layer on)."""
+    return per_example * n * ((0.0 if clean_kept else 1.0) + n_conditions * replay_fraction)
+
+
+@dataclass(frozen=True)
+class ProbeSizeProposal:
+    """The probe the lab proposes: n_examples of seq_len tokens, its estimated study seconds (with its clean run
+    unless it is the probe now and that run is kept), and whether that is within the target."""
+
+    n_examples: int
+    seq_len: int
+    seconds: float
+    fits: bool
+
+
+def propose_probe_size(per_example_at: Callable[[int], float], n_now: int, seq_len_now: int, n_conditions: int,
+                       replay_fraction: float, clean_kept: bool, free_length: bool,
+                       target: float = STUDY_TARGET_SECONDS) -> ProbeSizeProposal:
+    """The most examples (of PROBE_SIZES and n_now) whose study fits `target` at today's length; when even the
+    fewest do not fit and the task's length is free (random-token induction), the longest shorter length that fits
+    at the fewest examples; else the fewest examples, not fitting.
+
+    per_example_at(length): seconds of one example of that many tokens here (timed: a forward's cost is not
+    proportional to its length, SmolLM2's at 48 tokens took 0.84 of its 64-token time in the lab); called for a
+    shorter length only when even the fewest examples miss the target.
+    """
+    def cost(n: int, length: int) -> float:
+        kept = clean_kept and n == n_now and length == seq_len_now
+        return study_seconds(per_example_at(length), n, n_conditions, replay_fraction, kept)
+
+    sizes = sorted({*PROBE_SIZES, int(n_now)})
+    fitting = [n for n in sizes if cost(n, seq_len_now) <= target]
+    if fitting:
+        return ProbeSizeProposal(max(fitting), seq_len_now, cost(max(fitting), seq_len_now), True)
+    fewest = sizes[0]
+    for length in (t for t in PROBE_LENGTHS if free_length and t < seq_len_now):  # longest first
+        if cost(fewest, length) <= target:
+            return ProbeSizeProposal(fewest, length, cost(fewest, length), True)
+    return ProbeSizeProposal(fewest, seq_len_now, cost(fewest, seq_len_now), False)

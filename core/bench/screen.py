@@ -151,6 +151,7 @@ def bench_screen(model: str = "induction-neox", revision: str | None = None, hea
         tab.goto(f"{base}/ablation?{query}")
         tab.get_by_role("heading", name="Ablation lab").first.wait_for()
         _settle(tab)
+        panel = tab.get_by_text("Probe size: about").first.inner_text()  # what the lab proposes for this model here
         for i in range(int(clicks)):
             seed = tab.locator('input[aria-label="Control seed"]')
             seed.fill(str(1000 + i))
@@ -175,5 +176,6 @@ def bench_screen(model: str = "induction-neox", revision: str | None = None, hea
         "all_within_targets": max(candidate) <= TARGET_CANDIDATE_S and max(verdict) <= TARGET_VERDICT_S,
         "model": ref.name, "revision": checkpoint.revision, "heads": heads, "clicks": int(clicks),
         "n_examples": int(n_examples), "seq_len": int(seq_len), "dtype": dtype, "cpus": os.cpu_count(),
+        "probe_size_panel": panel.strip(),
         "app": "running at the given URL" if url is not None else "served by the bench",
     }

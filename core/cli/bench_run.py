@@ -237,6 +237,7 @@ def cli_bench_screen(args: argparse.Namespace) -> dict:
           f"{median['candidate']:.2f}s (max {max(result['candidate_s']):.2f}s, target {TARGET_CANDIDATE_S:.0f}s), "
           f"verdict median {median['verdict']:.2f}s (max {max(result['verdict_s']):.2f}s, target "
           f"{TARGET_VERDICT_S:.0f}s); every click within the targets: {result['all_within_targets']}")
+    print(f"the lab's probe-size panel before the clicks: {result['probe_size_panel']}")
     return result
 
 

@@ -85,6 +85,7 @@ class _PlantedSpec(PairTask, JsonResult):
     task: ClassVar[str] = ""
     n_planted: ClassVar[int] = 0  # distinct planted tokens per prompt
     n_pairs: ClassVar[int] = 0  # planted two-token slots per prompt
+    tail: ClassVar[int] = 1  # positions at the end that no slot may take (the query, and what comes before it)
     n_examples: int
     seq_len: int
     token_low: int
@@ -96,7 +97,7 @@ class _PlantedSpec(PairTask, JsonResult):
         check_seed(self.seed, f"{self.task} task seed")
         if self.n_examples < 1:
             raise HeadLabError(f"{self.task} task n_examples must be at least 1.")
-        need_len = max(MIN_QUERY_POS + 1, 2 * self.n_pairs + 2)  # q - 1 >= 2 * n_pairs slots after position 0
+        need_len = max(MIN_QUERY_POS + 1, 2 * self.n_pairs + self.tail + 1)  # the slots after position 0, the tail
         if self.seq_len < need_len:
             raise HeadLabError(f"{self.task} task seq_len is {self.seq_len}; it plants {self.n_pairs} pairs before the "
                                f"query, so use at least {need_len}.")
@@ -123,7 +124,7 @@ class _PlantedSpec(PairTask, JsonResult):
             planted[i] = low + rng.permutation(high - low)[: self.n_planted]
             fillers = np.setdiff1d(np.arange(low, high), planted[i])
             tokens[i] = fillers[rng.randint(0, len(fillers), size=seq_len)]
-            starts[i] = _pair_starts(rng, self.n_pairs, seq_len - 1)
+            starts[i] = _pair_starts(rng, self.n_pairs, seq_len - self.tail)
         return tokens, planted, starts
 
 
@@ -209,6 +210,44 @@ class SkipInductionSpec(_PlantedSpec):
         return PatchPair(clean, torch.from_numpy(corrupted), torch.from_numpy(d.copy()), spec)
 
 
+@dataclass(frozen=True)
+class MarkedInductionSpec(_PlantedSpec):
+    """A B ... C D ... A MARK -> B (induction answered one position after the repeated A); corrupted: A and C
+    swapped, answer D.
+
+    The repeated A is not the query: an induction head at A (attending to B) writes B there, and a mover at the
+    marker reads it from the position before (hard.py's hard-marked-induction, a chain of four heads).
+    induction_pos is B's position (p + 1); duplicate_pos A's (p); the marker token lies outside the task's tokens.
+    """
+
+    task: ClassVar[str] = "known-marked-induction"
+    n_planted: ClassVar[int] = 4
+    n_pairs: ClassVar[int] = 2
+    tail: ClassVar[int] = 2  # the repeated A, then the marker
+    marker: int = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_ints(self, ("marker",))
+        if self.token_low <= self.marker < self.token_high or self.marker < 0:
+            raise HeadLabError(f"{self.task} task marker {self.marker} must be a token outside the task's range "
+                               f"[{self.token_low}, {self.token_high}).")
+
+    def build_pair(self) -> PatchPair:
+        tokens, planted, starts = self._draw()
+        rows = np.arange(self.n_examples)
+        a, b, c, d = planted.T
+        p, r = starts.T
+        q = self.seq_len - 1
+        tokens[rows, p], tokens[rows, p + 1], tokens[rows, r], tokens[rows, r + 1] = a, b, c, d
+        tokens[:, q - 1], tokens[:, q] = a, self.marker
+        corrupted = tokens.copy()
+        corrupted[rows, p], corrupted[rows, r] = c, a
+        clean = self._batch(tokens, b, p)
+        spec = {**clean.spec, "corruption": "A and C swapped at p and r: the repeated A now follows ... A D, answer D"}
+        return PatchPair(clean, torch.from_numpy(corrupted), torch.from_numpy(d.copy()), spec)
+
+
 MAX_KNOWN_EXAMPLES = 4096  # pairs a circuit.json task may ask for (HeadLab's known models use 64): built at once in memory
 MAX_KNOWN_SEQ_LEN = 4096
 
@@ -229,7 +268,7 @@ def _check_record_counts(cls: type, record: Mapping[str, Any]) -> None:
 
 
 KNOWN_TASKS: dict[str, type] = {"known-induction": SwapInductionSpec, "known-twohop": TwoHopSpec,
-                                 "known-skip-induction": SkipInductionSpec}
+                                 "known-skip-induction": SkipInductionSpec, "known-marked-induction": MarkedInductionSpec}
 
 
 def known_task(record: Mapping[str, Any]) -> _PlantedSpec:

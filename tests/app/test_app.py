@@ -10,6 +10,7 @@ page keeps working. Probes are small (N = 32) so the suite stays quick on two CP
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -21,7 +22,8 @@ from streamlit.testing.v1 import AppTest
 
 import core.zoo.presets
 from core.ablation.spec import PROBE_MODES
-from core.ablation.study import ablate_alone, example_damage, worst_examples
+from core.ablation.study import (PROBE_LENGTHS, STUDY_TARGET_SECONDS, ablate_alone, example_damage,
+                                 worst_examples)
 from core.heads import head_name
 from core.model.loading import load_model
 from core.model.refs import ModelRef, list_checkpoints
@@ -29,6 +31,7 @@ from core.pipelines.recipe import ScreenSettings, screen
 from core.stats.controls import count_matched_sets
 from core.stats.selectivity import classify
 from core.tasks.specs import probe_spec
+import pages._cache
 from pages._state import WORKSPACE
 
 pytestmark = pytest.mark.zoo
@@ -205,6 +208,21 @@ def test_typo_in_typed_heads_shows_error_and_page_keeps_working(report):
     at.text_input(key="heads_text").set_value("L1H0, L1H1").run()
     assert errors(at) == [] and not at.exception
     assert not at.button(key="run_ablation").disabled
+
+
+def test_the_lab_proposes_shorter_sequences_when_even_8_examples_miss_its_target(report, monkeypatch):
+    # one example "timed" at 0.2 s per 64 tokens: 8 examples, their clean run and 22 conditions take about 20 s, and
+    # one of PROBE_LENGTHS fits the 10 s target (propose_probe_size's unit test has the arithmetic)
+    monkeypatch.setattr(pages._cache, "cached_forward_seconds", lambda *args: 0.2 * args[-1] / 64)  # args[-1]: seq_len
+    at = open_page(make_app(n=8, seq_len=64), "ablation")
+    label = next(e.proto.label for e in at.get("expander") if e.proto.label.startswith("Probe size"))
+    found = re.search(r"about (\d+) s per study at N = 8 here; N = 8 of (\d+) tokens answers in about (\d+) s", label)
+    assert found, label
+    now, length, then = (int(g) for g in found.groups())
+    assert now > STUDY_TARGET_SECONDS >= then and length in PROBE_LENGTHS
+    at.button(key="use_proposed_n").click().run()
+    spec = at.session_state[WORKSPACE].spec
+    assert (spec.n_examples, spec.seq_len) == (8, length) and errors(at) == [] and not at.exception
 
 
 def test_backend_choice_is_serial_unless_the_user_picks_ray(report):

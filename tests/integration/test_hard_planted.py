@@ -84,6 +84,42 @@ def test_skip_induction_rows_answer_the_token_two_after_the_earlier_a_and_pairs_
         assert tokens[earlier + 2] == pair.corrupted_target[i] and earlier != p
 
 
+def test_marked_induction_rows_end_a_marker_guides_rest_the_induction_heads_there_and_pairs_swap_a_and_c():
+    rows = hard.marked_induction_rows(5, 6)
+    for i, row in enumerate(rows["tokens"]):
+        p = rows["p"][i]
+        assert row[-1] == hard.INDUCTION_MARK and row[-2] == row[p] and rows["target"][i] == row[p + 1]
+        assert list(row).count(row[p]) == 2 and p + 1 < 14  # the pair before the repeated A at q - 1 = 14
+    induction, mover = (guide_keys("marked-induction", rows, pattern) for pattern in ("induction", "mover"))
+    assert induction.sum() == 12 and all(induction[i, 14, rows["p"][i] + 1] and induction[i, 15, 15] for i in range(6))
+    assert mover.sum() == 6 and mover[:, 15, 14].all()
+    cfg = hard.HardConfig(name="hard-marked-induction-s0", seed=0, **hard.MARKED_INDUCTION_RECIPE)  # the eighth round's
+    assert len(cfg.circuit) == 4 and {layer for layer, _ in cfg.circuit_heads} == {0, 1, 2, 3}
+    pair = known_task(hard.task_record("marked-induction", 8, 1)).build_pair()
+    changed = (pair.clean.tokens != pair.corrupted_tokens).numpy()
+    assert (changed.sum(axis=1) == 2).all()
+    for i in range(8):  # the corrupted prompt's repeated A now follows its earlier occurrence by D
+        tokens = pair.corrupted_tokens[i].numpy()
+        earlier = int(np.flatnonzero(tokens[:-2] == tokens[-2])[0])
+        assert tokens[earlier + 1] == pair.corrupted_target[i] != pair.clean.target[i]
+    with pytest.raises(HeadLabError, match="marker"):
+        hard.MarkedInductionSpec(n_examples=2, seq_len=16, token_low=0, token_high=48, marker=1)
+
+
+def test_early_answer_weight_adds_the_answer_before_the_last_position_and_older_builds_keep_their_config(tmp_path):
+    cfg = hard.HardConfig(name="hard-marked-induction-s0", seed=0, **hard.MARKED_INDUCTION_RECIPE)
+    cfg = replace(cfg, steps=1, n_log_checkpoints=2, d_model=32, d_ff=32,
+                  formed_check_step=0, max_attempts=1)
+    plain = hard.train_hard(replace(cfg, early_answer_weight=0.0), tmp_path / "plain")
+    both = hard.train_hard(cfg, tmp_path / "both")
+    # step 0, the same initialization and rows: the last position's cross-entropy (about ln 64), then the early one too
+    assert 1.8 < both["curves"]["task_loss"][0] / plain["curves"]["task_loss"][0] < 2.2
+    built = HARD_CONFIGS["hard-ioi-s0"].to_json()  # a model built before the knob existed ...
+    del built["early_answer_weight"]
+    assert hard.training_config(built) == hard.training_config(HARD_CONFIGS["hard-ioi-s0"].to_json())  # ... is the recipe's
+    assert hard.training_config({**built, "early_answer_weight": 1.0}) != hard.training_config(built)
+
+
 def test_training_rows_live_heads_per_task_and_randomly_dead_primaries():
     cfg = replace(HARD_CONFIGS["hard-induction-s0"], **hard.INDUCTION_WITH_PREVIOUS_TOKEN_BACKUP)  # two backup pairs
     assert cfg.backup_pairs == [("L1H5", "L2H1"), ("L0H2", "L0H4")]

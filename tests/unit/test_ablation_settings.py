@@ -1,4 +1,5 @@
-"""AblationSettings (validation, hashing, JSON), the per-example damage and worst examples; no model."""
+"""AblationSettings (validation, hashing, JSON), the per-example damage, worst examples and the lab's probe-size
+proposal; no model."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import pytest
 
 from core.ablation.spec import ConditionMetrics
-from core.ablation.study import AblationSettings, example_damage, worst_examples
+from core.ablation.study import AblationSettings, example_damage, propose_probe_size, study_seconds, worst_examples
 from core.errors import HeadLabError
 
 
@@ -64,3 +65,34 @@ def test_worst_examples_worst_first_and_stable():
     assert worst_examples(damage, 3) == [1, 3, 0]
     assert worst_examples(damage, None) == [1, 3, 0, 4, 2]
     assert worst_examples(damage, 10) == [1, 3, 0, 4, 2]
+
+
+def test_study_seconds_counts_the_clean_forward_unless_kept_and_each_conditions_replay():
+    # 0.1 s per example, 8 examples, 22 conditions replaying half the blocks: 0.8 * (1 + 11) = 9.6 s, kept 8.8 s
+    assert study_seconds(0.1, 8, 22, 0.5, clean_kept=False) == pytest.approx(9.6)
+    assert study_seconds(0.1, 8, 22, 0.5, clean_kept=True) == pytest.approx(8.8)
+
+
+def test_probe_size_proposal_fewer_examples_first_then_shorter_sequences_where_the_length_is_free():
+    def proportional(per_example_64):  # seconds of one example, proportional to its length
+        return lambda length: per_example_64 * length / 64
+    # a study costs per_example * n * 11 (clean 1 + 20 conditions * 0.5): 0.01 s/example fits 64 examples in 10 s
+    fast = propose_probe_size(proportional(0.01), 256, 64, 20, 0.5, clean_kept=False, free_length=True)
+    assert (fast.n_examples, fast.seq_len, fast.fits) == (64, 64, True) and fast.seconds == pytest.approx(7.04)
+    # 0.14 s per example of 64 tokens: 8 examples take 12.32 s; at 48 tokens 9.24 s, the longest that fits
+    asked = []
+    slow = propose_probe_size(lambda t: asked.append(t) or 0.14 * t / 64, 8, 64, 20, 0.5, clean_kept=False,
+                              free_length=True)
+    assert (slow.n_examples, slow.seq_len, slow.fits) == (8, 48, True) and slow.seconds == pytest.approx(9.24)
+    assert sorted(set(asked), reverse=True) == [64, 56, 48]  # shorter lengths timed only as far as needed
+    # the same where the length is fixed (IOI's templates): the fewest examples, not fitting
+    fixed = propose_probe_size(proportional(0.14), 8, 64, 20, 0.5, clean_kept=False, free_length=False)
+    assert (fixed.n_examples, fixed.seq_len, fixed.fits) == (8, 64, False) and fixed.seconds == pytest.approx(12.32)
+    # a kept clean run counts only for the probe now: 8 x 64 kept is 11.2 s, still over; 8 x 56 with its own run 10.78
+    kept = propose_probe_size(proportional(0.14), 8, 64, 20, 0.5, clean_kept=True, free_length=True)
+    assert (kept.n_examples, kept.seq_len) == (8, 48)
+    # a forward that is not proportional to its length (a fixed part): the timing decides, not the proportion
+    fixed_part = propose_probe_size(lambda t: 0.07 + 0.07 * t / 64, 8, 64, 20, 0.5, clean_kept=False, free_length=True)
+    assert fixed_part.seq_len == 32 and fixed_part.seconds == pytest.approx(0.105 * 8 * 11)
+    hopeless = propose_probe_size(proportional(10.0), 8, 64, 20, 0.5, clean_kept=False, free_length=True)
+    assert (hopeless.n_examples, hopeless.seq_len, hopeless.fits) == (8, 64, False)

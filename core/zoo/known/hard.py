@@ -12,9 +12,12 @@ attention-pattern guides on the planted heads), extended for issue 43:
   a final marker -> IO (a duplicate-token head marks the second S, an S-inhibition head at the marker
   reads it, a name mover copies the name that is not S, and a backup mover: four heads). "induction": A B ... C D
   ... A -> B (SwapInductionSpec's prompts: a previous-token head, an induction head that reads it and its backup a
-  layer later: three heads over three layers, one short of the issue's 4 to 10; a fourth, a backup previous-token
-  head, failed the rule in every build: hard-training.json's sixth round). "skip-induction" (A X B ... A -> B, two
-  previous-token heads in a row, SKIP_INDUCTION_RECIPE) did not learn in the seventh round and is not registered.
+  layer later: three heads over three layers; a fourth, a backup previous-token head, failed the rule in every build:
+  hard-training.json's sixth round). Two four-head induction tasks are kept unregistered: "skip-induction" (A X B
+  ... A -> B, two previous-token heads in a row, SKIP_INDUCTION_RECIPE) did not learn in the seventh round;
+  "marked-induction" (A B ... C D ... A MARK -> B, MarkedInductionSpec: those three heads answer at the repeated A and
+  a mover at the marker copies their answer from the position before; the circuit rows also answer at the repeated A
+  in training, `early_answer_weight`; MARKED_INDUCTION_RECIPE) confirmed one initialization of nine in the eighth.
 - **Backup heads** (`primary`, `backup`: pairs; the mover's and the induction head's): each primary is
   resample-ablated on a share of the circuit rows (`backup_rate`) and its backup on a share of the others
   (`backup_drop_rate`, never both), so either does the job alone; the confirmation checks that a primary alone
@@ -44,7 +47,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, ClassVar
@@ -60,7 +63,7 @@ from core.model.loading import load_model
 from core.model.refs import MANIFEST, ModelRef, read_manifest, zoo_model_dir
 from core.results import JsonResult
 from core.tasks.counterfactual import PatchPair
-from core.tasks.known import KNOWN_TASKS, SkipInductionSpec, SwapInductionSpec, known_task
+from core.tasks.known import KNOWN_TASKS, MarkedInductionSpec, SkipInductionSpec, SwapInductionSpec, known_task
 from core.workspace import atomic_directory, atomic_write_json
 from core.zoo.config import ModelConfig
 from core.zoo.known.planted import (BOS, CONFIRMATION, MARK, VOCAB_SIZE, _fresh, _lr_at, _PairSpec, _progress,
@@ -72,7 +75,8 @@ NAME_LOW, NAME_HIGH = 4, 24  # ioi names
 FILLER_LOW = 24  # ioi fillers [24, 64), distinct in a row
 INDUCTION_LOW, INDUCTION_HIGH = 24, 48  # the induction prompts' tokens
 SEQ_LEN = 16  # short rows: one model trains in minutes at one thread
-HARD_TASKS = ("ioi", "induction", "skip-induction")
+INDUCTION_MARK = 1  # the marked-induction prompts' final token (planted.py's NO: no hard task uses it otherwise)
+HARD_TASKS = ("ioi", "induction", "skip-induction", "marked-induction")
 DETACH_CHOICES = ("none", "idle", "all")
 
 
@@ -155,10 +159,24 @@ def skip_induction_rows(seed: int, n: int) -> dict[str, np.ndarray]:
     return {"tokens": clean.tokens.numpy(), "target": clean.target.numpy(), "p": clean.induction_pos.numpy() - 2}
 
 
+def marked_induction_spec(n: int, seed: int) -> MarkedInductionSpec:
+    return MarkedInductionSpec(n_examples=n, seq_len=SEQ_LEN, token_low=INDUCTION_LOW, token_high=INDUCTION_HIGH,
+                               seed=seed, marker=INDUCTION_MARK)
+
+
+def marked_induction_rows(seed: int, n: int) -> dict[str, np.ndarray]:
+    """n marked induction rows (A B ... C D ... A MARK -> B): tokens [n, T], target B [n], p (A B at p) [n]."""
+    clean = marked_induction_spec(n, seed).build_pair().clean
+    return {"tokens": clean.tokens.numpy(), "target": clean.target.numpy(), "p": clean.duplicate_pos.numpy()}
+
+
 # Attention-pattern guides: pattern -> the key each row's guided query attends to. Query positions: the
-# final marker/query (q) unless said; "previous-token": every position t >= 1 -> t - 1.
+# final marker/query (q) unless said; "previous-token": every position t >= 1 -> t - 1. In marked-induction the
+# induction heads work at the repeated A (q - 1) and rest on the marker itself at q (so that they cannot answer there
+# and skip the mover); the mover, at q, reads q - 1.
 PATTERNS = {"ioi": ("duplicate-token", "s-inhibition", "name-mover"),
-            "induction": ("previous-token", "induction"), "skip-induction": ("previous-token", "induction")}
+            "induction": ("previous-token", "induction"), "skip-induction": ("previous-token", "induction"),
+            "marked-induction": ("previous-token", "induction", "mover")}
 
 
 def guide_keys(task: str, rows: dict[str, np.ndarray], pattern: str, seq_len: int = SEQ_LEN) -> torch.Tensor:
@@ -169,6 +187,13 @@ def guide_keys(task: str, rows: dict[str, np.ndarray], pattern: str, seq_len: in
     if pattern == "previous-token":
         pos = torch.arange(1, seq_len)
         keys[:, pos, pos - 1] = True
+        return keys
+    if task == "marked-induction":
+        if pattern == "mover":
+            keys[:, q, q - 1] = True
+        else:  # induction: at the repeated A to B, at the marker to itself
+            keys[index, q - 1, torch.from_numpy(rows["p"]) + 1] = True
+            keys[:, q, q] = True
         return keys
     query, key = {"duplicate-token": ("s2", "s1"), "s-inhibition": (None, "s2"), "name-mover": (None, "io"),
                   "induction": (None, "p")}[pattern]
@@ -189,6 +214,8 @@ def hard_batch(task: str, step: int, n: int, seed: int, salt: int) -> dict[str, 
         return induction_rows(stream, n)
     if task == "skip-induction":
         return skip_induction_rows(stream, n)
+    if task == "marked-induction":
+        return marked_induction_rows(stream, n)
     raise HeadLabError(f"unknown hard task {task!r}; use one of {', '.join(HARD_TASKS)}.")
 
 
@@ -198,6 +225,8 @@ def task_record(task: str, n_examples: int = 128, seed: int = 0) -> dict:
         return IoiPairSpec(n_examples=n_examples, seed=seed).to_json()
     if task == "skip-induction":
         return skip_induction_spec(n_examples, seed).to_json()
+    if task == "marked-induction":
+        return marked_induction_spec(n_examples, seed).to_json()
     return induction_spec(n_examples, seed).to_json()
 
 
@@ -233,6 +262,10 @@ class HardConfig(JsonResult):
     # the first steps train the attention guides alone: the S-inhibition head must find S2 by the duplicate-token head's
     # mark before the task loss rewards the shortcut that needs no mark (attend to every name, suppress the majority)
     pattern_only_steps: int = 0
+    # the circuit rows also answer at the position before the last, with this weight (0: not): in marked-induction
+    # the induction heads then answer at the repeated A as hard-induction's do, and the mover has a readable answer
+    # to copy (without it, four heads in series stayed at chance for 4,000 steps: hard-training.json's eighth round)
+    early_answer_weight: float = 0.0
     # at this step (0: never) the heads of neither task are re-initialized and never trained again (their slices of
     # the attention weights take no gradient, their donor slices are constants): trained as donors they learn to copy
     # names, which a confirmation then finds as stray effects; the circuit trains on beside them from here
@@ -333,6 +366,15 @@ SKIP_INDUCTION_HEADS = dict(
     roles={"L0H2": "previous-token (at X, to A)", "L1H6": "previous-token (at B, to X: moves A on)",
            "L2H1": "induction (primary: at the final A, to B)", "L3H4": "backup induction (takes over when L2H1 is ablated)"},
     edges=("L0H2->L1H6.v", "L1H6->L2H1.k", "L1H6->L3H4.k"), primary="L2H1", backup="L3H4")
+# Four heads over four layers in an induction task (A B ... C D ... A MARK -> B): the previous-token head, an
+# induction head and its backup a layer later, both answering at the repeated A, and a mover at the marker that copies
+# their answer from the position before
+_MARKED_INDUCTION_HEADS = dict(
+    circuit={"L0H2": "previous-token", "L1H5": "induction", "L2H1": "induction", "L3H4": "mover"},
+    roles={"L0H2": "previous-token (at B, to A)", "L1H5": "induction (primary: at the repeated A, to B)",
+           "L2H1": "backup induction (takes over when L1H5 is ablated)",
+           "L3H4": "mover (at the marker, to the repeated A: copies B)"},
+    edges=("L0H2->L1H5.k", "L0H2->L2H1.k", "L1H5->L3H4.v", "L2H1->L3H4.v"), primary="L1H5", backup="L2H1")
 # The training that confirmed hard-ioi (docs/benchmark/hard-training.json, fifth round): the primary resampled on half
 # the circuit rows, the backup on a fifth of the others; once the chain has formed (step 5,000) the heads outside the
 # circuit live on half the circuit rows and the idle heads re-initialized and frozen; a restart when the chain has not
@@ -354,6 +396,13 @@ HARD_RECIPES = {
 SKIP_INDUCTION_RECIPE = dict(task="skip-induction", neighbour_task="ioi", n_layers=6, **SKIP_INDUCTION_HEADS,
                              **{**_BACKUP_TRAINING, "backup_rate": 0.4, "backup_drop_rate": 0.3},
                              neighbours=dict(HARD_RECIPES["hard-induction"]["neighbours"]))
+# The eighth round's four-head task (hard-training.json): trained as hard-induction with the early answer, one
+# initialization of nine confirmed (this one's rates); the failures split by the backup rates (at 0.4 / 0.3 the
+# primary's planted edges under 0.1, the model leaning on the backup; at 0.3 / 0.5 the backup not taking over), so it
+# is not registered
+MARKED_INDUCTION_RECIPE = dict(task="marked-induction", neighbour_task="ioi", n_layers=6, **_MARKED_INDUCTION_HEADS,
+                               **{**_BACKUP_TRAINING, "backup_rate": 0.4, "backup_drop_rate": 0.3},
+                               early_answer_weight=1.0, neighbours=dict(HARD_RECIPES["hard-induction"]["neighbours"]))
 SEEDS = (0, 1, 2)
 HARD_CONFIGS: dict[str, HardConfig] = {f"{base}-s{seed}": HardConfig(name=f"{base}-s{seed}", seed=seed, **recipe)
                                        for base, recipe in HARD_RECIPES.items() for seed in SEEDS}
@@ -495,8 +544,10 @@ def init_seed_of(cfg: HardConfig, attempt: int) -> int:
 
 
 def training_config(cfg_json: dict) -> dict:
-    """A HardConfig's JSON without RESTART_FIELDS: what decides the weights of an initialization."""
-    return {k: v for k, v in cfg_json.items() if k not in RESTART_FIELDS}
+    """A HardConfig's JSON without RESTART_FIELDS: what decides the weights of an initialization. A knob added since
+    a model was built counts at its default, which trains as the recipe did before the knob existed."""
+    defaults = {f.name: f.default for f in fields(HardConfig) if isinstance(f.default, (int, float, str))}
+    return {k: v for k, v in {**defaults, **cfg_json}.items() if k not in RESTART_FIELDS}
 
 
 def train_hard(cfg: HardConfig, out_dir: Path, stop_after_steps: int | None = None,
@@ -530,6 +581,9 @@ def train_hard(cfg: HardConfig, out_dir: Path, stop_after_steps: int | None = No
             out = model(tokens, output_attentions=True)
             logits = out.logits[:, -1].float()  # [batch, vocab]
             task_loss = torch.nn.functional.cross_entropy(logits, targets)
+            if cfg.early_answer_weight:  # the circuit rows' answer at the position before the last too
+                early = torch.nn.functional.cross_entropy(out.logits[0::2, -2].float(), targets[0::2])
+                task_loss = task_loss + cfg.early_answer_weight * early
             pattern_loss = torch.zeros(())
             for name, keys in guides.items():
                 (layer, head), = parse_heads(name)
