@@ -51,7 +51,7 @@ class ThreadChoice:
     busy: tuple[float, ...]
     own: float  # cores' worth of this process's own work during the sample (not competition)
     ceiling: int
-    reason: str  # "override" (HEADLAB_THREADS), "load" (the sample)
+    reason: str  # "override" (HEADLAB_THREADS), "load" (the sample), "idle" (idle_thread_choice: no sample)
 
     def to_json(self) -> dict:
         return {"threads": self.threads, "busy": [round(b, 3) for b in self.busy], "own": round(self.own, 3),
@@ -169,6 +169,17 @@ def thread_policy(ceiling: int | None = None, env: Mapping[str, str] | None = No
     else:
         busy, own = sample_load()
     return choose_threads(busy, cap, override, own)
+
+
+def idle_thread_choice(env: Mapping[str, str] | None = None) -> ThreadChoice:
+    """The threads a study gets here when nothing else runs: HEADLAB_THREADS if set, else the ceiling. What the lab's
+    time estimates are timed at: a sample taken as the page opens counts the browser drawing it as competition."""
+    env = os.environ if env is None else env
+    cap = thread_ceiling(len(_usable_cpus()), psutil.cpu_count(logical=False), env)
+    override = env.get(THREADS_ENV)
+    if override and override.strip():
+        return choose_threads((), cap, override)
+    return ThreadChoice(cap, (), 0.0, cap, "idle")
 
 
 def apply_thread_policy(ceiling: int | None = None, choice: ThreadChoice | None = None) -> ThreadChoice:

@@ -48,7 +48,7 @@ from core.store import canonical_json, has_entry
 from core.tasks.probe_file import ProbeFile
 from core.tasks.specs import probe_spec, spec_from_json
 from core.tasks.tokens import tokenizer_of_folder
-from core.threads import ThreadChoice, apply_thread_policy
+from core.threads import ThreadChoice, apply_thread_policy, idle_thread_choice
 from core.workspace import zoo_dir
 from pages._state import Workspace
 
@@ -321,11 +321,10 @@ def _lab_clean_runs(ws: Workspace, probe_file: ProbeFile | None, batch: Any) -> 
 @st.cache_resource(show_spinner="Timing one forward of this model...", max_entries=8)
 def cached_forward_seconds(model_name: str, revision: str, stamp: str, dtype: str, seq_len: int) -> float:
     """Seconds one example of `seq_len` tokens takes through the model here: the best of two timed forwards of
-    PROBE_SIZES[0] examples (the smallest probe a study batches), after a warm-up, at the threads the thread policy
-    gives a study now. What the lab's time estimates multiply: timed on 2 examples at the page's thread count, it
-    put SmolLM2's 13 s study at 24 s."""
+    PROBE_SIZES[0] examples (the smallest probe a study batches), after a warm-up, at the threads a study gets on an
+    otherwise idle machine (idle_thread_choice). What the lab's time estimates multiply."""
     model = cached_model(model_name, revision, stamp, dtype)
-    apply_thread_policy()
+    apply_thread_policy(choice=idle_thread_choice())
     return forward_seconds(model, seq_len, rows=PROBE_SIZES[0])
 
 

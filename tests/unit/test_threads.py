@@ -73,6 +73,16 @@ def test_policy_with_override_takes_no_sample():
     assert (choice.threads, choice.busy, choice.reason) == (1, (), "override")
 
 
+def test_idle_choice_is_the_override_or_the_ceiling_and_takes_no_sample(monkeypatch):
+    monkeypatch.setattr(threads, "sample_load", lambda *a, **k: pytest.fail("the idle choice sampled the load"))
+    override = threads.idle_thread_choice({THREADS_ENV: "1"})
+    assert (override.threads, override.reason) == (1, "override")
+    idle = threads.idle_thread_choice({"OMP_NUM_THREADS": "1"})
+    assert (idle.threads, idle.ceiling, idle.busy, idle.reason) == (1, 1, (), "idle")
+    assert threads.idle_thread_choice({}).threads == threads.thread_ceiling(len(threads._usable_cpus()),
+                                                                            threads.psutil.cpu_count(logical=False), {})
+
+
 def test_apply_sets_torch_threads(monkeypatch):
     before = torch.get_num_threads()
     monkeypatch.setenv(THREADS_ENV, "1")
