@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 import streamlit as st
+import torch
 
 from core.ablation.clean_run import CleanRuns, clean_run_key, fits_clean_run, forward_seconds
 from core.ablation.engine import run_conditions
@@ -322,10 +323,15 @@ def _lab_clean_runs(ws: Workspace, probe_file: ProbeFile | None, batch: Any) -> 
 def cached_forward_seconds(model_name: str, revision: str, stamp: str, dtype: str, seq_len: int) -> float:
     """Seconds one example of `seq_len` tokens takes through the model here: the best of two timed forwards of
     PROBE_SIZES[0] examples (the smallest probe a study batches), after a warm-up, at the threads a study gets on an
-    otherwise idle machine (idle_thread_choice). What the lab's time estimates multiply."""
+    otherwise idle machine (idle_thread_choice; torch's count is restored after). What the lab's time estimates
+    multiply."""
     model = cached_model(model_name, revision, stamp, dtype)
+    before = torch.get_num_threads()
     apply_thread_policy(choice=idle_thread_choice())
-    return forward_seconds(model, seq_len, rows=PROBE_SIZES[0])
+    try:
+        return forward_seconds(model, seq_len, rows=PROBE_SIZES[0])
+    finally:
+        torch.set_num_threads(before)
 
 
 def lab_clean_run_kept(ws: Workspace, probe_file: ProbeFile | None = None) -> bool:
