@@ -17,7 +17,7 @@ attention-pattern guides on the planted heads), extended for issue 43:
   ... A -> B, two previous-token heads in a row, SKIP_INDUCTION_RECIPE) did not learn in the seventh round;
   "marked-induction" (A B ... C D ... A MARK -> B, MarkedInductionSpec: those three heads answer at the repeated A and
   a mover at the marker copies their answer from the position before; the circuit rows also answer at the repeated A
-  in training, `early_answer_weight`; MARKED_INDUCTION_RECIPE) confirmed one initialization of nine in the eighth.
+  in training, `early_answer_weight`; MARKED_INDUCTION_RECIPE) confirmed one initialization of twelve in the eighth.
 - **Backup heads** (`primary`, `backup`: pairs; the mover's and the induction head's): each primary is
   resample-ablated on a share of the circuit rows (`backup_rate`) and its backup on a share of the others
   (`backup_drop_rate`, never both), so either does the job alone; the confirmation checks that a primary alone
@@ -397,9 +397,9 @@ SKIP_INDUCTION_RECIPE = dict(task="skip-induction", neighbour_task="ioi", n_laye
                              **{**_BACKUP_TRAINING, "backup_rate": 0.4, "backup_drop_rate": 0.3},
                              neighbours=dict(HARD_RECIPES["hard-induction"]["neighbours"]))
 # The eighth round's four-head task (hard-training.json): trained as hard-induction with the early answer, one
-# initialization of nine confirmed (this one's rates); the failures split by the backup rates (at 0.4 / 0.3 the
-# primary's planted edges under 0.1, the model leaning on the backup; at 0.3 / 0.5 the backup not taking over), so it
-# is not registered
+# initialization of twelve confirmed (this one's rates); the failures split by the backup rates (at 0.4 / 0.3 the
+# primary's planted edges under 0.1, the model leaning on the backup; at 0.3 / 0.5 and 0.35 / 0.4 the backup not taking
+# over), so it is not registered
 MARKED_INDUCTION_RECIPE = dict(task="marked-induction", neighbour_task="ioi", n_layers=6, **_MARKED_INDUCTION_HEADS,
                                **{**_BACKUP_TRAINING, "backup_rate": 0.4, "backup_drop_rate": 0.3},
                                early_answer_weight=1.0, neighbours=dict(HARD_RECIPES["hard-induction"]["neighbours"]))
