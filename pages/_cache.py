@@ -23,7 +23,6 @@ from typing import Any, Callable
 
 import numpy as np
 import streamlit as st
-import torch
 
 from core.ablation.clean_run import CleanRuns, clean_run_key, fits_clean_run, forward_seconds
 from core.ablation.engine import run_conditions
@@ -31,7 +30,7 @@ from core.ablation.study import (PROBE_SIZES, AblationResult, AblationSettings, 
                                  preview_result)
 from core.ablation.workers import ablation_study_on, ablation_workers, warm_workers
 from core.errors import HeadLabError
-from core.executor import Executor, SerialExecutor, WorkerPool, make_executor
+from core.executor import Executor, SerialExecutor, WorkerPool, make_executor, run_task
 from core.heads import Head, HeadSet
 from core.model.loading import DEFAULT_DTYPE, load_config, load_model
 from core.model.refs import Checkpoint, ModelRef, cached_revisions, checkpoint_path, list_checkpoints, resolve_checkpoint
@@ -326,12 +325,7 @@ def cached_forward_seconds(model_name: str, revision: str, stamp: str, dtype: st
     otherwise idle machine (idle_thread_choice; torch's count is restored after). What the lab's time estimates
     multiply."""
     model = cached_model(model_name, revision, stamp, dtype)
-    before = torch.get_num_threads()
-    apply_thread_policy(choice=idle_thread_choice())
-    try:
-        return forward_seconds(model, seq_len, rows=PROBE_SIZES[0])
-    finally:
-        torch.set_num_threads(before)
+    return run_task(forward_seconds, (model, seq_len), {"rows": PROBE_SIZES[0]}, idle_thread_choice().threads)
 
 
 def lab_clean_run_kept(ws: Workspace, probe_file: ProbeFile | None = None) -> bool:

@@ -136,18 +136,23 @@ class SwapInductionSpec(_PlantedSpec):
     task: ClassVar[str] = "known-induction"
     n_planted: ClassVar[int] = 4
     n_pairs: ClassVar[int] = 2
+    repeated_a: ClassVar[str] = "the final A"  # where the prompt repeats A (the corruption's description)
+
+    def _end(self, tokens: np.ndarray, a: np.ndarray) -> None:
+        """Write the prompt's end into tokens [N, T]: A again at the query."""
+        tokens[:, self.seq_len - 1] = a
 
     def build_pair(self) -> PatchPair:
         tokens, planted, starts = self._draw()
         rows = np.arange(self.n_examples)
         a, b, c, d = planted.T
         p, r = starts.T
-        q = self.seq_len - 1
-        tokens[rows, p], tokens[rows, p + 1], tokens[rows, r], tokens[rows, r + 1], tokens[:, q] = a, b, c, d, a
+        tokens[rows, p], tokens[rows, p + 1], tokens[rows, r], tokens[rows, r + 1] = a, b, c, d
+        self._end(tokens, a)
         corrupted = tokens.copy()
         corrupted[rows, p], corrupted[rows, r] = c, a
         clean = self._batch(tokens, b, p)
-        spec = {**clean.spec, "corruption": "A and C swapped at p and r: the final A now follows ... A D, answer D"}
+        spec = {**clean.spec, "corruption": f"A and C swapped at p and r: {self.repeated_a} now follows ... A D, answer D"}
         return PatchPair(clean, torch.from_numpy(corrupted), torch.from_numpy(d.copy()), spec)
 
 
@@ -211,19 +216,18 @@ class SkipInductionSpec(_PlantedSpec):
 
 
 @dataclass(frozen=True)
-class MarkedInductionSpec(_PlantedSpec):
+class MarkedInductionSpec(SwapInductionSpec):
     """A B ... C D ... A MARK -> B (induction answered one position after the repeated A); corrupted: A and C
-    swapped, answer D.
+    swapped, answer D (SwapInductionSpec's prompts with the marker after the repeated A).
 
     The repeated A is not the query: an induction head at A (attending to B) writes B there, and a mover at the
-    marker reads it from the position before (hard.py's hard-marked-induction, a chain of four heads).
+    marker reads it from the position before (hard.py's MARKED_INDUCTION_RECIPE, a chain of four heads).
     induction_pos is B's position (p + 1); duplicate_pos A's (p); the marker token lies outside the task's tokens.
     """
 
     task: ClassVar[str] = "known-marked-induction"
-    n_planted: ClassVar[int] = 4
-    n_pairs: ClassVar[int] = 2
     tail: ClassVar[int] = 2  # the repeated A, then the marker
+    repeated_a: ClassVar[str] = "the repeated A"
     marker: int = 1
 
     def __post_init__(self) -> None:
@@ -233,19 +237,10 @@ class MarkedInductionSpec(_PlantedSpec):
             raise HeadLabError(f"{self.task} task marker {self.marker} must be a token outside the task's range "
                                f"[{self.token_low}, {self.token_high}).")
 
-    def build_pair(self) -> PatchPair:
-        tokens, planted, starts = self._draw()
-        rows = np.arange(self.n_examples)
-        a, b, c, d = planted.T
-        p, r = starts.T
+    def _end(self, tokens: np.ndarray, a: np.ndarray) -> None:
+        """A at the position before the query, the marker at the query."""
         q = self.seq_len - 1
-        tokens[rows, p], tokens[rows, p + 1], tokens[rows, r], tokens[rows, r + 1] = a, b, c, d
         tokens[:, q - 1], tokens[:, q] = a, self.marker
-        corrupted = tokens.copy()
-        corrupted[rows, p], corrupted[rows, r] = c, a
-        clean = self._batch(tokens, b, p)
-        spec = {**clean.spec, "corruption": "A and C swapped at p and r: the repeated A now follows ... A D, answer D"}
-        return PatchPair(clean, torch.from_numpy(corrupted), torch.from_numpy(d.copy()), spec)
 
 
 MAX_KNOWN_EXAMPLES = 4096  # pairs a circuit.json task may ask for (HeadLab's known models use 64): built at once in memory

@@ -136,17 +136,20 @@ class IoiPairSpec(_PairSpec):
 KNOWN_TASKS["hard-ioi"] = IoiPairSpec
 
 
+def _induction_rows(spec: SwapInductionSpec | SkipInductionSpec, gap: int) -> dict[str, np.ndarray]:
+    """An induction spec's clean prompts as training rows: tokens [n, T], target B [n], p [n] (the earlier A, `gap`
+    tokens before B)."""
+    clean = spec.build_pair().clean
+    return {"tokens": clean.tokens.numpy(), "target": clean.target.numpy(), "p": clean.induction_pos.numpy() - gap}
+
+
 def induction_spec(n: int, seed: int) -> SwapInductionSpec:
     return SwapInductionSpec(n_examples=n, seq_len=SEQ_LEN, token_low=INDUCTION_LOW, token_high=INDUCTION_HIGH, seed=seed)
 
 
 def induction_rows(seed: int, n: int) -> dict[str, np.ndarray]:
-    """n induction rows (SwapInductionSpec's clean prompts, A B ... C D ... A -> B): tokens [n, T], target B [n],
-    p (A B at p) [n]."""
-    spec = induction_spec(n, seed)
-    pair = spec.build_pair()
-    _, _, starts = spec._draw()  # the same draw build_pair made: [n, 2] pair starts p, r
-    return {"tokens": pair.clean.tokens.numpy(), "target": pair.clean.target.numpy(), "p": starts[:, 0]}
+    """n induction rows (SwapInductionSpec's clean prompts, A B ... C D ... A -> B; p: A B at p)."""
+    return _induction_rows(induction_spec(n, seed), 1)
 
 
 def skip_induction_spec(n: int, seed: int) -> SkipInductionSpec:
@@ -154,9 +157,8 @@ def skip_induction_spec(n: int, seed: int) -> SkipInductionSpec:
 
 
 def skip_induction_rows(seed: int, n: int) -> dict[str, np.ndarray]:
-    """n skip-one induction rows (A X B ... C Y D ... A -> B): tokens [n, T], target B [n], p (A X B at p) [n]."""
-    clean = skip_induction_spec(n, seed).build_pair().clean
-    return {"tokens": clean.tokens.numpy(), "target": clean.target.numpy(), "p": clean.induction_pos.numpy() - 2}
+    """n skip-one induction rows (A X B ... C Y D ... A -> B; p: A X B at p)."""
+    return _induction_rows(skip_induction_spec(n, seed), 2)
 
 
 def marked_induction_spec(n: int, seed: int) -> MarkedInductionSpec:
@@ -165,9 +167,8 @@ def marked_induction_spec(n: int, seed: int) -> MarkedInductionSpec:
 
 
 def marked_induction_rows(seed: int, n: int) -> dict[str, np.ndarray]:
-    """n marked induction rows (A B ... C D ... A MARK -> B): tokens [n, T], target B [n], p (A B at p) [n]."""
-    clean = marked_induction_spec(n, seed).build_pair().clean
-    return {"tokens": clean.tokens.numpy(), "target": clean.target.numpy(), "p": clean.duplicate_pos.numpy()}
+    """n marked induction rows (A B ... C D ... A MARK -> B; p: A B at p)."""
+    return _induction_rows(marked_induction_spec(n, seed), 1)
 
 
 # Attention-pattern guides: pattern -> the key each row's guided query attends to. Query positions: the
